@@ -1,0 +1,81 @@
+# The two commands a newcomer needs:  make run   |   make test
+# Each sets up what it needs on a fresh machine: a Python 3.11 virtualenv with the project
+# installed, Redis (installed from the OS packages and started if nothing listens), a JRE for
+# PySpark, and for the tests PostgreSQL as well.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export DEBIAN_FRONTEND := noninteractive
+REDIS_URL ?= redis://127.0.0.1:6379/0
+export REDIS_URL
+
+.PHONY: help run test bench lint services postgres python-deps clean
+
+help:
+	@echo "make run    - set up and run the whole broker (admin :8000, SMQP :$${SMQP_PORT:-720})"
+	@echo "make test   - set up and run the test suite"
+	@echo "make bench  - run the benchmarks"
+
+# Install OS packages by name, running apt-get update once first.
+define apt_install
+	if ! [ -f /tmp/.smqp-apt-updated ]; then $(SUDO) apt-get update -qq && touch /tmp/.smqp-apt-updated; fi; \
+	$(SUDO) apt-get install -y -qq $(1) >/dev/null
+endef
+
+$(STAMP): pyproject.toml
+	@if ! command -v python3.11 >/dev/null 2>&1 && ! python3 -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then \
+	  echo "installing Python 3.11"; $(call apt_install,python3.11 python3.11-venv); fi
+	@if [ ! -x $(PY) ]; then \
+	  py=$$(command -v python3.11 || command -v python3); echo "creating $(VENV) with $$py"; \
+	  $$py -m venv $(VENV) || { $(call apt_install,python3-venv); $$py -m venv $(VENV); }; fi
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+python-deps: $(STAMP)
+
+services: python-deps
+	@# Redis: the channel layer, the Celery broker and the shared cache.
+	@if ! $(PY) -c "import redis,os; redis.Redis.from_url(os.environ['REDIS_URL'], socket_timeout=2).ping()" 2>/dev/null; then \
+	  command -v redis-server >/dev/null || { echo "installing redis-server"; $(call apt_install,redis-server); }; \
+	  port=$$($(PY) -c "import os,urllib.parse as u; print(u.urlparse(os.environ['REDIS_URL']).port or 6379)"); \
+	  mkdir -p var; echo "starting redis-server on 127.0.0.1:$$port"; \
+	  redis-server --daemonize yes --bind 127.0.0.1 --port $$port --save "" --appendonly no \
+	    --dir "$$PWD/var" --logfile "$$PWD/var/redis.log"; \
+	  for i in $$(seq 50); do $(PY) -c "import redis,os; redis.Redis.from_url(os.environ['REDIS_URL']).ping()" 2>/dev/null && break; sleep 0.1; done; fi
+	@# A JRE for the PySpark report jobs.
+	@command -v java >/dev/null || { echo "installing a JRE for PySpark"; $(call apt_install,default-jre-headless); }
+
+postgres:
+	@# PostgreSQL: the test suite runs its end-to-end tests on it as well as on SQLite.
+	@if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then \
+	  if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then echo "installing PostgreSQL"; $(call apt_install,postgresql); fi; \
+	  ver=$$(ls /etc/postgresql | sort -V | tail -1); echo "starting PostgreSQL $$ver"; \
+	  $(SUDO) pg_ctlcluster --skip-systemctl-redirect $$ver main start || true; \
+	  for i in $$(seq 100); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done; fi
+
+run: services
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput -v 0
+	$(PY) manage.py bootstrapadmin
+	exec $(PY) manage.py runbroker
+
+lint: python-deps
+	$(VENV)/bin/ruff check .
+
+test: services postgres lint
+	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.
+	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
+
+bench: services postgres
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -1,0 +1,19 @@
+"""ASGI entry point: HTTP and WebSocket through Daphne, SMQP through ``broker.server``."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter  # noqa: E402
+
+from broker.consumers.smqp import SMQPConsumer  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "smqp": SMQPConsumer.as_asgi(),
+    }
+)

@@ -1,0 +1,232 @@
+"""The SMQP door: one Channels consumer per TCP connection.
+
+It feeds bytes to the sans-IO codec, dispatches each command to a ``cmd_<name>`` method
+(aiosmtpd-style: adding a command is adding a method) and writes the replies. Every rule lives
+in :mod:`broker.services`; this class only translates between the wire and those functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from channels.consumer import AsyncConsumer
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from django.conf import settings
+from django.utils import timezone
+
+from accounts.models import Account, LoginSession
+from broker.services import ServiceError
+from broker.services import auth as auth_service
+from broker.smqp import commands as c
+from broker.smqp.connection import CLOSED, NEED_DATA, ServerConnection
+from broker.smqp.errors import ProtocolError
+from broker.smqp.replies import serialize_greeting, serialize_reply
+from broker.smqp.values import format_datetime, format_timeout
+
+logger = logging.getLogger("broker.smqp")
+
+# Commands a client may send before it has logged in.
+BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit)
+
+
+def _handler_name(command_class: type) -> str:
+    return "cmd_" + re.sub(r"(?<!^)(?=[A-Z])", "_", command_class.__name__).lower()
+
+
+class SMQPConsumer(AsyncConsumer):
+    """One SMQP session."""
+
+    # ------------------------------------------------------------------ connection lifecycle
+
+    async def smqp_connect(self, event: dict) -> None:
+        self.codec = ServerConnection(
+            max_line=settings.SMQP_MAX_LINE, max_message=settings.SMQP_MAX_MESSAGE_BYTES
+        )
+        client = self.scope.get("client") or ["", 0]
+        self.peer_host: str = client[0]
+        self.peer = f"{client[0]}:{client[1]}"
+        self.account: Account | None = None
+        self.session: LoginSession | None = None
+        self.pending_login: tuple[str, str] | None = None  # (username, method/version)
+        self.closing = False
+        self._out = bytearray()
+        self._loop = asyncio.get_running_loop()
+        self._last_activity = self._loop.time()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._arm_watchdog(settings.SMQP_LOGIN_TIMEOUT)
+        await self._write(serialize_greeting(f"{settings.SMQP_SERVER_IDENT} {self._context}"))
+
+    async def smqp_receive(self, event: dict) -> None:
+        self._last_activity = self._loop.time()
+        if self.closing:
+            return
+        self.codec.receive_data(event["bytes"])
+        await self._process()
+
+    async def smqp_shutdown(self, event: dict) -> None:
+        grace = int(event.get("grace", 0))
+        await self._write(
+            b"NOTIFY SERVER BYE " + format_timeout(grace).encode() + b"\r\n\r\n"
+        )
+
+    async def smqp_disconnect(self, event: dict) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self.session is not None:
+            session, self.session = self.session, None
+            await database_sync_to_async(auth_service.end_session)(session)
+        raise StopConsumer()
+
+    # ------------------------------------------------------------------------------ plumbing
+
+    @property
+    def _context(self) -> str:
+        return settings.SMQP_SERVER_CONTEXT
+
+    async def _write(self, data: bytes, *, close: bool = False) -> None:
+        self._last_activity = self._loop.time()
+        await self.send({"type": "smqp.send", "bytes": data, "close": close})
+
+    def reply(self, code: int, *lines: str) -> None:
+        """Queue a reply; replies of one batch of pipelined commands leave in one write."""
+        self._out += serialize_reply(code, list(lines))
+
+    async def flush(self, *, close: bool = False) -> None:
+        if self._out or close:
+            data = bytes(self._out)
+            self._out.clear()
+            await self._write(data, close=close)
+
+    async def _process(self) -> None:
+        codec = self.codec
+        while not self.closing:
+            event = codec.next_event()
+            if event is NEED_DATA:
+                break
+            if event is CLOSED:
+                self.closing = True
+                break
+            if isinstance(event, ProtocolError):
+                self.reply(event.code, event.text)
+                continue
+            await self._dispatch(event)
+        await self.flush(close=self.closing)
+
+    async def _dispatch(self, command: Any) -> None:
+        handler: Callable | None = getattr(self, _handler_name(type(command)), None)
+        if self.account is None and not isinstance(command, BEFORE_LOGIN):
+            self.reply(401, "Unauthorized (log in first)")
+            return
+        if handler is None:
+            self.reply(501, "Not implemented")
+            return
+        try:
+            await handler(command)
+        except ServiceError as exc:
+            self.reply(exc.code, exc.text)
+        except ProtocolError as exc:
+            self.reply(exc.code, exc.text)
+        except Exception:
+            # Never a traceback on the wire; the session stays usable.
+            logger.exception("command %s failed for %s", type(command).__name__, self.peer)
+            self.reply(500, "Server error (nothing was committed)")
+
+    # ------------------------------------------------------------------------------ timeouts
+
+    def _arm_watchdog(self, seconds: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog_period = seconds
+        self._watchdog = self._loop.call_later(seconds, self._watchdog_fired)
+
+    def _watchdog_fired(self) -> None:
+        period = self._watchdog_period
+        remaining = self._last_activity + period - self._loop.time()
+        if self.account is None:
+            # Before login the clock does not restart on traffic: log in or leave.
+            remaining = 0
+        if remaining > 0:
+            self._watchdog = self._loop.call_later(remaining, self._watchdog_fired)
+            return
+        self.closing = True
+        reason = "idle" if self.account is not None else "no login"
+        asyncio.ensure_future(self._close_for_timeout(reason))
+
+    async def _close_for_timeout(self, reason: str) -> None:
+        self._out += serialize_reply(408, [f"Request timeout ({reason}); closing"])
+        await self.flush(close=True)
+
+    # ------------------------------------------------------------------------ login commands
+
+    async def cmd_login(self, cmd: c.Login) -> None:
+        if self.account is not None:
+            self.reply(405, "Not allowed (already logged in)")
+            return
+        if not auth_service.is_supported_method(cmd.method):
+            self.pending_login = None
+            self.reply(405, "Not allowed (authentication method)")
+            return
+        # Profile §5: the same answer whether or not the account exists.
+        self.pending_login = (cmd.username, f"{cmd.method.upper()}/{cmd.version}")
+        self.reply(200, "OK")
+
+    async def cmd_pass(self, cmd: c.Pass) -> None:
+        if self.account is not None:
+            self.reply(405, "Not allowed (already logged in)")
+            return
+        if self.pending_login is None:
+            self.reply(400, "Bad request (LOGIN first)")
+            return
+        username, method = self.pending_login
+        if cmd.user.casefold() != username.casefold():
+            self.reply(400, "Bad request (PASS names another account than LOGIN)")
+            return
+        self.pending_login = None
+        await self.flush()
+        throttle = await database_sync_to_async(auth_service.throttle_for)(self.peer_host)
+        if throttle.refused:
+            self.reply(401, "Unauthorized (too many failed logins; try again later)")
+            return
+        if throttle.delay:
+            await asyncio.sleep(throttle.delay)
+        # Password hashing is slow by design: run it off the shared database thread.
+        account = await database_sync_to_async(
+            auth_service.check_clear_password, thread_sensitive=False
+        )(username, cmd.secret)
+        if account is None:
+            await database_sync_to_async(auth_service.record_failure)(self.peer_host, username)
+            self.reply(401, "Unauthorized")
+            return
+        await self._logged_in(account, method)
+
+    async def _logged_in(self, account: Account, method: str) -> None:
+        session = await database_sync_to_async(self._begin_session)(account, method)
+        self.account = account
+        self.session = session
+        self._arm_watchdog(settings.SMQP_IDLE_TIMEOUT)
+        self.reply(
+            200,
+            "OK",
+            f"Topic: {account.account_topic_path}",
+            f"Timeout: {format_timeout(settings.SMQP_DEFAULT_TIMEOUT)}",
+            f"Time: {format_datetime(timezone.now())}",
+            f"Guid: {session.guid}",
+        )
+
+    def _begin_session(self, account: Account, method: str) -> LoginSession:
+        auth_service.record_success(self.peer_host)
+        return auth_service.begin_session(account, peer=self.peer, method=method)
+
+    # ------------------------------------------------------------------------ session commands
+
+    async def cmd_noop(self, cmd: c.Noop) -> None:
+        self.reply(200, "OK")
+
+    async def cmd_quit(self, cmd: c.Quit) -> None:
+        self.reply(200, "OK")
+        self.closing = True

@@ -1,0 +1,110 @@
+"""``manage.py runbroker``: the whole broker on one machine, in one command.
+
+Starts Daphne (admin, HTTP, WebSocket), the SMQP listener, a Celery worker and Celery beat as
+child processes, and stops them all on Ctrl-C or SIGTERM (or when any one of them dies).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from .runsmqp import PRIVILEGED_PORT_HELP
+
+
+class Command(BaseCommand):
+    help = "Run Daphne, the SMQP listener, a Celery worker and Celery beat together."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--http-host", default=os.environ.get("HTTP_HOST", "127.0.0.1"))
+        parser.add_argument(
+            "--http-port", type=int, default=int(os.environ.get("HTTP_PORT", "8000"))
+        )
+        parser.add_argument("--smqp-host", default=settings.SMQP_HOST)
+        parser.add_argument("--smqp-port", type=int, default=settings.SMQP_PORT)
+        parser.add_argument("--no-celery", action="store_true", help="Start no Celery processes.")
+
+    def handle(self, *args, **opts) -> None:
+        self._check_bind(opts["smqp_host"], opts["smqp_port"])
+        self._check_bind(opts["http_host"], opts["http_port"])
+        python = sys.executable
+        manage = [python, str(settings.BASE_DIR / "manage.py")]
+        beat_schedule = str(settings.VAR_DIR / "celerybeat-schedule")
+        children: dict[str, list[str]] = {
+            "daphne": [
+                python, "-m", "daphne", "-b", opts["http_host"], "-p", str(opts["http_port"]),
+                "broker.asgi:application",
+            ],
+            "smqp": [
+                *manage, "runsmqp", "--host", opts["smqp_host"], "--port", str(opts["smqp_port"]),
+            ],
+        }
+        if not opts["no_celery"]:
+            children["celery-worker"] = [
+                python, "-m", "celery", "-A", "broker", "worker", "--loglevel", "INFO",
+                "--concurrency", "2",
+            ]
+            children["celery-beat"] = [
+                python, "-m", "celery", "-A", "broker", "beat", "--loglevel", "INFO",
+                "--schedule", beat_schedule,
+            ]
+        procs: dict[str, subprocess.Popen] = {}
+        stopping = False
+
+        def request_stop(signum, frame) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        try:
+            for name, argv in children.items():
+                # Own process group: the terminal's Ctrl-C reaches us, and we stop them in order.
+                procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True)
+                self.stdout.write(f"started {name} (pid {procs[name].pid})")
+            self.stdout.write(
+                f"Broker running: admin at http://{opts['http_host']}:{opts['http_port']}/admin/,"
+                f" SMQP on {opts['smqp_host']}:{opts['smqp_port']}. Ctrl-C stops."
+            )
+            sys.stdout.flush()
+            while not stopping:
+                for name, proc in procs.items():
+                    if proc.poll() is not None:
+                        self.stderr.write(f"{name} exited with status {proc.returncode}")
+                        stopping = True
+                        break
+                time.sleep(0.2)
+        finally:
+            self._stop_all(procs)
+
+    def _stop_all(self, procs: dict[str, subprocess.Popen]) -> None:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + settings.SMQP_SHUTDOWN_GRACE + 15
+        for name, proc in procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stderr.write(f"{name} did not stop; killing it")
+                proc.kill()
+                proc.wait()
+        self.stdout.write("Broker stopped.")
+
+    def _check_bind(self, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except PermissionError as exc:
+                raise CommandError(PRIVILEGED_PORT_HELP.format(port=port)) from exc
+            except OSError as exc:
+                raise CommandError(f"Cannot listen on {host}:{port}: {exc.strerror}") from exc

@@ -1,0 +1,61 @@
+"""``manage.py runsmqp``: the SMQP listener alone."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+PRIVILEGED_PORT_HELP = (
+    "Binding port {port} is not permitted for this user (ports below 1024 need root or "
+    "CAP_NET_BIND_SERVICE). Choose another port: `manage.py runsmqp --port 7200`, "
+    "or set SMQP_PORT=7200."
+)
+
+
+class Command(BaseCommand):
+    help = "Run the SMQP listener (TCP). SIGTERM or Ctrl-C warns every session and stops."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default=settings.SMQP_HOST)
+        parser.add_argument("--port", type=int, default=settings.SMQP_PORT)
+        parser.add_argument(
+            "--reuse-port",
+            action="store_true",
+            help="Set SO_REUSEPORT so several listener processes can share one port.",
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=settings.SMQP_SHUTDOWN_GRACE,
+            help="Seconds between NOTIFY SERVER BYE and closing on shutdown.",
+        )
+
+    def handle(self, *args, host: str, port: int, reuse_port: bool, grace: float, **options):
+        try:
+            asyncio.run(self._serve(host, port, reuse_port, grace))
+        except PermissionError as exc:
+            raise CommandError(PRIVILEGED_PORT_HELP.format(port=port)) from exc
+        except OSError as exc:
+            raise CommandError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+    async def _serve(self, host: str, port: int, reuse_port: bool, grace: float) -> None:
+        from broker.asgi import application
+        from broker.server import SMQPServer
+
+        server = SMQPServer(application, host, port, reuse_port=reuse_port)
+        addresses = await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        for bound_host, bound_port in addresses:
+            self.stdout.write(f"SMQP listening on {bound_host}:{bound_port}")
+        sys.stdout.flush()
+        await stop.wait()
+        self.stdout.write(f"SMQP shutting down ({grace:g} s grace)")
+        sys.stdout.flush()
+        await server.shutdown(grace)

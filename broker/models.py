@@ -1,0 +1,177 @@
+"""Messages, their data sections, subscriptions, deliveries and the usage event log."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Message(models.Model):
+    """A published message. Its primary key is its smuid: it grows monotonically per server
+    (all processes share the database) and is what clients name in GET and REPUBLISH."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending (in its topic's queue)"
+        TRASH = "trash", "trash (expired, delivered or dead; can be republished)"
+        DELETED = "deleted", "deleted"
+
+    topic = models.ForeignKey("topics.Topic", on_delete=models.CASCADE, related_name="messages")
+    publisher = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    publisher_guid = models.CharField(max_length=100, blank=True)
+    cmuid = models.CharField("client message id", max_length=200)
+    name = models.CharField(max_length=128, blank=True)
+    priority = models.PositiveIntegerField(null=True, blank=True)
+    created = models.DateTimeField(help_text="When the publisher created it (its own clock).")
+    received = models.DateTimeField(auto_now_add=True, db_index=True)
+    timeout = models.IntegerField(
+        null=True, blank=True, help_text="Seconds kept after delivery; -1: a state message."
+    )
+    expires = models.DateTimeField(null=True, blank=True, db_index=True)
+    depth = models.IntegerField(default=0)
+    sequence = models.PositiveBigIntegerField(null=True, blank=True)
+    receipt = models.BooleanField(default=False)
+    reply = models.BooleanField(default=False)
+    in_reply_to = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies"
+    )
+    headers = models.JSONField(
+        default=list, blank=True, help_text="Other header attributes (X-*, MIME-Version) in order."
+    )
+    size = models.PositiveBigIntegerField(default=0, help_text="Bytes of data, all sections.")
+    state = models.CharField(
+        max_length=16, choices=State.choices, default=State.PENDING, db_index=True
+    )
+    trashed = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["topic", "state", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.pk} on {self.topic_id}"
+
+    @property
+    def smuid(self) -> int:
+        return self.pk
+
+
+class DataSection(models.Model):
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="sections")
+    position = models.PositiveSmallIntegerField()
+    content_type = models.CharField(max_length=255)
+    content_length = models.PositiveBigIntegerField()
+    content_encoding = models.CharField(max_length=255, blank=True)
+    headers = models.JSONField(default=list, blank=True, help_text="Other data header attributes.")
+    body = models.BinaryField()
+
+    class Meta:
+        ordering = ["message", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["message", "position"], name="section_position")
+        ]
+
+
+class Subscription(models.Model):
+    """A durable, per-account subscription: it outlives sessions, QUIT and disconnects."""
+
+    class Resource(models.TextChoices):
+        MESSAGE = "MESSAGE", "MESSAGE"
+        TOPIC = "TOPIC", "TOPIC"
+        SUBSCRIBERS = "SUBSCRIBERS", "SUBSCRIBERS"
+        SERVER = "SERVER", "SERVER"
+
+    account = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="subscriptions"
+    )
+    resource = models.CharField(max_length=16, choices=Resource.choices)
+    pattern = models.CharField(max_length=1024, help_text="A topic, or /a/b/* for a subtree.")
+    pattern_key = models.CharField(max_length=1024, editable=False)
+    since = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["account", "resource", "pattern_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "resource", "pattern_key"], name="subscription_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["resource", "pattern_key"])]
+
+    def __str__(self) -> str:
+        return f"{self.account} {self.resource} {self.pattern}"
+
+    def save(self, *args, **kwargs) -> None:
+        self.pattern_key = self.pattern.casefold()
+        super().save(*args, **kwargs)
+
+    @property
+    def is_wildcard(self) -> bool:
+        return self.pattern.endswith("*")
+
+
+class Delivery(models.Model):
+    """The state of one message for one subscribing account (once-only per account)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        NOTIFIED = "notified", "notified, waiting for ACK"
+        ACKED = "acked", "acknowledged"
+        DEAD = "dead", "dead (max retries)"
+
+    account = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="deliveries")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    created = models.DateTimeField(auto_now_add=True)
+    last_attempt = models.DateTimeField(null=True, blank=True)
+    next_attempt = models.DateTimeField(null=True, blank=True, db_index=True)
+    acked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "deliveries"
+        constraints = [
+            models.UniqueConstraint(fields=["account", "message"], name="delivery_once")
+        ]
+        indexes = [models.Index(fields=["account", "state"])]
+
+
+class UsageEvent(models.Model):
+    """Append-only log of what happened, for the nightly reports. Rows are never changed."""
+
+    class Kind(models.TextChoices):
+        LOGIN = "login", "login"
+        LOGIN_FAILED = "login_failed", "login failed"
+        LOGOUT = "logout", "logout"
+        PUBLISH = "publish", "publish"
+        DELIVER = "deliver", "deliver"
+        ACK = "ack", "ack"
+        EXPIRE = "expire", "expire"
+        DEAD = "dead", "dead letter"
+        REPUBLISH = "republish", "republish"
+        SUBSCRIBE = "subscribe", "subscribe"
+        UNSUBSCRIBE = "unsubscribe", "unsubscribe"
+        TOPIC = "topic", "topic change"
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=32, choices=Kind.choices, db_index=True)
+    account = models.CharField(max_length=64, blank=True, db_index=True)
+    topic = models.CharField(max_length=1024, blank=True)
+    smuid = models.BigIntegerField(null=True, blank=True)
+    bytes = models.BigIntegerField(default=0)
+    peer = models.CharField(max_length=100, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise PermissionError("usage events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("usage events are append-only")

@@ -1,0 +1,128 @@
+"""Login: password checks, logged-in sessions, and the throttling of repeated failures.
+
+Profile §5: LOGIN never tells whether an account exists; PASS answers 401 alike for an unknown
+account and a wrong password. Failures are counted per peer address (in the shared cache, so
+every listener process sees them): past a first threshold each further attempt is slowed down,
+past a second one the address is refused for a while.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth.hashers import check_password, make_password
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import Account, LoginSession
+
+from . import events
+
+SUPPORTED_METHODS = ("CLEAR",)
+
+# A valid hash of a random password, checked when the account does not exist so that an
+# unknown account costs the same time as a wrong password (no enumeration by timing).
+_DUMMY_HASH: str | None = None
+
+
+def _dummy_hash() -> str:
+    global _DUMMY_HASH
+    if _DUMMY_HASH is None:
+        _DUMMY_HASH = make_password(None)
+    return _DUMMY_HASH
+
+
+def is_supported_method(method: str) -> bool:
+    return method.upper() in SUPPORTED_METHODS
+
+
+def find_account(username: str) -> Account | None:
+    try:
+        return Account.objects.get(username_key=username.casefold(), is_active=True)
+    except Account.DoesNotExist:
+        return None
+
+
+def check_clear_password(username: str, password: str) -> Account | None:
+    """The account if ``password`` is right, else None (same work either way)."""
+    account = find_account(username)
+    if account is None:
+        check_password(password, _dummy_hash())
+        return None
+    if account.check_password(password):
+        return account
+    return None
+
+
+# --- throttling -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Throttle:
+    refused: bool
+    delay: float
+
+
+def _failure_key(peer_host: str) -> str:
+    return f"login-failures:{peer_host}"
+
+
+def throttle_for(peer_host: str) -> Throttle:
+    """How this address must be treated before its next password check."""
+    failures = cache.get(_failure_key(peer_host), 0)
+    if failures >= settings.SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT:
+        return Throttle(refused=True, delay=0.0)
+    excess = failures - settings.SMQP_LOGIN_FAILURES_BEFORE_DELAY
+    if excess >= 0:
+        return Throttle(refused=False, delay=min(0.5 * 2**excess, 8.0))
+    return Throttle(refused=False, delay=0.0)
+
+
+def record_failure(peer_host: str, username: str) -> None:
+    key = _failure_key(peer_host)
+    timeout = settings.SMQP_LOGIN_LOCKOUT_SECONDS
+    if cache.add(key, 1, timeout):
+        failures = 1
+    else:
+        try:
+            failures = cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.set(key, 1, timeout)
+            failures = 1
+        cache.touch(key, timeout)
+    events.record(
+        "login_failed", account=username[:64], peer=peer_host, failures=failures
+    )
+
+
+def record_success(peer_host: str) -> None:
+    cache.delete(_failure_key(peer_host))
+
+
+# --- sessions -------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def begin_session(account: Account, *, peer: str, method: str) -> LoginSession:
+    """Record a new logged-in instance of ``account``; its guid is the account name and a
+    number unique on this server (``jtegen0456``)."""
+    session = LoginSession.objects.create(
+        account=account,
+        auth_method=method,
+        peer_address=peer,
+        server_context=settings.SMQP_SERVER_CONTEXT,
+    )
+    session.guid = f"{account.username}{session.pk:04d}"
+    session.save(update_fields=["guid"])
+    Account.objects.filter(pk=account.pk).update(last_login=timezone.now())
+    events.record("login", account=account.username, peer=peer, guid=session.guid, method=method)
+    return session
+
+
+def end_session(session: LoginSession) -> None:
+    ended = timezone.now()
+    LoginSession.objects.filter(pk=session.pk, ended__isnull=True).update(ended=ended)
+    events.record("logout", account=session.account.username, guid=session.guid or "")
+

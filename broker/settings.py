@@ -1,0 +1,225 @@
+"""Django settings for the SMQP broker.
+
+Everything an operator may want to change comes from the environment, with defaults that give a
+working single-machine broker with no configuration at all (SQLite under ``var/``, Redis on
+localhost).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("SMQP_VAR_DIR", BASE_DIR / "var")).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+(VAR_DIR / "static").mkdir(exist_ok=True)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def _secret_key() -> str:
+    """DJANGO_SECRET_KEY, else one generated on first start and kept under var/."""
+    key = os.environ.get("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = secrets.token_urlsafe(50)
+        # O_EXCL: two processes starting at once must not both write a key.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_text().strip()
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+        return key
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+    if h.strip()
+]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "channels",
+    "accounts",
+    "topics",
+    "ual",
+    "broker",
+    "spark_jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "broker.urls"
+ASGI_APPLICATION = "broker.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        # WAL lets readers run beside the one writer; synchronous=FULL keeps a committed
+        # publish on disk before the publisher hears 200. IMMEDIATE takes the write lock at
+        # BEGIN so concurrent writers queue on busy_timeout instead of failing mid-transaction.
+        "init_command": (
+            "PRAGMA journal_mode=WAL;"
+            f"PRAGMA synchronous={os.environ.get('SMQP_SQLITE_SYNCHRONOUS', 'FULL')};"
+            "PRAGMA foreign_keys=ON;"
+        ),
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_USER_MODEL = "accounts.Account"
+PASSWORD_HASHERS = [
+    "accounts.hashers.SMQPPBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.BCryptSHA256PasswordHasher",
+    "django.contrib.auth.hashers.ScryptPasswordHasher",
+]
+# Iteration count of new password hashes; Django's own default unless set. SCRAM-SHA-256 reads
+# the count back from each stored hash, so changing it never breaks existing accounts.
+SMQP_PBKDF2_ITERATIONS = env_int("SMQP_PBKDF2_ITERATIONS", 0) or None
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+# --- Redis: channel layer, Celery, cache ------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": os.environ.get("SMQP_CHANNEL_PREFIX", "smqp"),
+            "capacity": 10_000,
+        },
+    }
+}
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": os.environ.get("SMQP_CACHE_PREFIX", "smqp"),
+    }
+}
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+
+# --- SMQP -------------------------------------------------------------------------------------
+SMQP_HOST = os.environ.get("SMQP_HOST", "127.0.0.1")
+SMQP_PORT = env_int("SMQP_PORT", 720)
+SMQP_SERVER_CONTEXT = os.environ.get("SMQP_SERVER_CONTEXT") or socket.gethostname()
+SMQP_SERVER_IDENT = os.environ.get("SMQP_SERVER_IDENT", "Django SMQP Broker/0.1")
+# Message timeout for messages that name none and whose topics set none: one day.
+SMQP_DEFAULT_TIMEOUT = env_int("SMQP_DEFAULT_TIMEOUT", 86_400)
+SMQP_MAX_LINE = env_int("SMQP_MAX_LINE", 4096)
+SMQP_MAX_MESSAGE_BYTES = env_int("SMQP_MAX_MESSAGE_BYTES", 64 * 1024 * 1024)
+# A connection that has not logged in within this many seconds is closed.
+SMQP_LOGIN_TIMEOUT = env_int("SMQP_LOGIN_TIMEOUT", 60)
+# A logged-in connection with no traffic either way for this long is closed.
+SMQP_IDLE_TIMEOUT = env_int("SMQP_IDLE_TIMEOUT", 1800)
+# Seconds between NOTIFY SERVER BYE and the close on shutdown.
+SMQP_SHUTDOWN_GRACE = env_int("SMQP_SHUTDOWN_GRACE", 5)
+SMQP_LOGIN_FAILURES_BEFORE_DELAY = env_int("SMQP_LOGIN_FAILURES_BEFORE_DELAY", 3)
+SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT = env_int("SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT", 10)
+SMQP_LOGIN_LOCKOUT_SECONDS = env_int("SMQP_LOGIN_LOCKOUT_SECONDS", 300)
+
+# Queue parameter defaults at the root of the topic tree (None: unlimited).
+SMQP_QUEUE_DEFAULTS = {
+    "expiry_timeout": SMQP_DEFAULT_TIMEOUT,
+    "retry_timeout": env_int("SMQP_DEFAULT_RETRY_TIMEOUT", 30),
+    "max_retries": env_int("SMQP_DEFAULT_MAX_RETRIES", 5),
+    "max_message_count": None,
+    "max_message_size": SMQP_MAX_MESSAGE_BYTES,
+    "max_queue_bytes": None,
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("SMQP_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,11 @@
+"""Settings for the test run: the project's own settings, pointed at test-only Redis state."""
+
+import os
+
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("SMQP_CHANNEL_PREFIX", "smqp-test")
+os.environ.setdefault("SMQP_CACHE_PREFIX", "smqp-test")
+# Fewer PBKDF2 rounds keep hundreds of logins fast; the algorithm and format are unchanged.
+os.environ.setdefault("SMQP_PBKDF2_ITERATIONS", "2000")
+
+from broker.settings import *  # noqa: E402, F403

@@ -1,0 +1,17 @@
+"""User Access Lists. ``ual.check(account, topic, right)`` is the one question every door asks
+(through the services layer)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accounts.models import Account
+    from topics.models import Topic
+
+
+def check(account: Account, topic: Topic, right: str) -> bool:
+    """May ``account`` exercise ``right`` on ``topic``? See :mod:`ual.resolution`."""
+    from .resolution import decide
+
+    return decide(account, topic, right).allowed
