@@ -49,7 +49,8 @@ def run_manage(env: dict[str, str], *args: str, check: bool = True) -> subproces
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        command = " ".join(args)
+        raise AssertionError(f"manage.py {command} failed:\n{result.stdout}\n{result.stderr}")
     return result
 
 

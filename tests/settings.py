@@ -8,4 +8,4 @@ os.environ.setdefault("SMQP_CACHE_PREFIX", "smqp-test")
 # Fewer PBKDF2 rounds keep hundreds of logins fast; the algorithm and format are unchanged.
 os.environ.setdefault("SMQP_PBKDF2_ITERATIONS", "2000")
 
-from broker.settings import *  # noqa: E402, F403
+from broker.settings import *  # noqa: F403

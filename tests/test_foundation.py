@@ -145,7 +145,8 @@ def test_nearest_entry_decides_and_deny_beats_allow_at_the_same_level():
     UALEntry.objects.create(topic=quotes, principal_kind="account", account=bob,
                             right="subscribe", effect="allow")
     decision = decide(bob, ibm, "subscribe")
-    assert not decision.allowed and decision.level == quotes
+    assert not decision.allowed and decision.level == "/stocks/quotes"
+    assert decision.entry.effect == "deny"
     UALEntry.objects.create(topic=ibm, principal_kind="account", account=bob, right="subscribe")
     assert check(bob, ibm, "subscribe")
     assert not check(bob, quotes, "subscribe")
@@ -229,7 +230,7 @@ def test_runsmqp_explains_a_privileged_port(monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(asyncio, "run", lambda coro: (coro.close(), refuse())[1])
-    with pytest.raises(CommandError, match="not permitted.*--port 7200"):
+    with pytest.raises(CommandError, match=r"not permitted.*--port 7200"):
         call_command("runsmqp", "--port", "720")
 
 

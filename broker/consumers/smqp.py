@@ -155,7 +155,7 @@ class SMQPConsumer(AsyncConsumer):
             return
         self.closing = True
         reason = "idle" if self.account is not None else "no login"
-        asyncio.ensure_future(self._close_for_timeout(reason))
+        self._timeout_task = asyncio.ensure_future(self._close_for_timeout(reason))
 
     async def _close_for_timeout(self, reason: str) -> None:
         self._out += serialize_reply(408, [f"Request timeout ({reason}); closing"])
