@@ -223,3 +223,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("SMQP_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+SMQP_MAX_CHILD_TOPICS = env_int("SMQP_MAX_CHILD_TOPICS", 10_000)
+SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT", 1000)
+SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)

@@ -153,3 +153,46 @@ def fresh_var(tmp_path) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(dir=tmp_path))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _fresh_database(backend: str, base: Path) -> tuple[str, str | None]:
+    """A new empty database for ``backend``: (url, postgres name to drop or None)."""
+    if backend == "sqlite":
+        return f"sqlite:///{base / 'fresh.sqlite3'}", None
+    import psycopg
+
+    if not _pg_available():
+        raise RuntimeError(f"PostgreSQL is not reachable at {PG_ADMIN_URL} (make test starts it)")
+    dbname = f"smqp_fresh_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname, dbname
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def fresh_broker(request, tmp_path_factory) -> Iterator[BrokerProcess]:
+    """A listener on a database of its own for one test module, with the superuser ``root``
+    and the plain accounts ``bob``, ``alice`` and ``jtegen`` (password ``pw``)."""
+    import psycopg
+
+    base = tmp_path_factory.mktemp(f"fresh-{request.param}")
+    url, pg_name = _fresh_database(request.param, base)
+    env = base_env(base, url)
+    script = (
+        "from accounts.models import Account\n"
+        "for name, su in [('root', True), ('bob', False), ('alice', False), ('jtegen', False)]:\n"
+        "    a = Account(username=name, is_superuser=su, is_staff=su)\n"
+        "    a.set_password('pw')\n"
+        "    a.save()\n"
+    )
+    try:
+        run_manage(env, "migrate", "--noinput")
+        run_manage(env, "shell", "--no-imports", "-c", script)
+        broker = start_listener(env, base, name=f"fresh-{request.param}")
+        broker.extra["backend"] = request.param
+        yield broker
+        stop_listener(broker)
+    finally:
+        if pg_name:
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')

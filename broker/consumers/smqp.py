@@ -8,6 +8,7 @@ in :mod:`broker.services`; this class only translates between the wire and those
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 from collections.abc import Callable
@@ -20,18 +21,32 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.models import Account, LoginSession
-from broker.services import ServiceError
+from accounts.scram import ScramError, ScramServer
+from broker.services import ServiceError, notify
+from broker.services import accounts as account_service
 from broker.services import auth as auth_service
+from broker.services import subscriptions as subscription_service
+from broker.services import topics as topic_service
 from broker.smqp import commands as c
 from broker.smqp.connection import CLOSED, NEED_DATA, ServerConnection
 from broker.smqp.errors import ProtocolError
-from broker.smqp.replies import serialize_greeting, serialize_reply
-from broker.smqp.values import format_datetime, format_timeout
+from broker.smqp.replies import (
+    serialize_greeting,
+    serialize_notify_server_bye,
+    serialize_notify_server_timeout,
+    serialize_notify_sub,
+    serialize_notify_topic,
+    serialize_reply,
+)
+from broker.smqp.values import format_datetime, format_keywords, format_smuid_ranges, format_timeout
+from ual.resolution import AccessSnapshot
 
 logger = logging.getLogger("broker.smqp")
 
 # Commands a client may send before it has logged in.
-BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit)
+BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit, c.RawLine)
+# Topic notifications kept for a session while it has notifications suspended.
+MAX_HELD_NOTIFICATIONS = 1000
 
 
 def _handler_name(command_class: type) -> str:
@@ -53,6 +68,10 @@ class SMQPConsumer(AsyncConsumer):
         self.account: Account | None = None
         self.session: LoginSession | None = None
         self.pending_login: tuple[str, str] | None = None  # (username, method/version)
+        self.scram: ScramServer | None = None
+        self.password_change_pending = False
+        self.suspended = False
+        self._held: list[bytes] = []
         self.closing = False
         self._out = bytearray()
         self._loop = asyncio.get_running_loop()
@@ -69,14 +88,33 @@ class SMQPConsumer(AsyncConsumer):
         await self._process()
 
     async def smqp_shutdown(self, event: dict) -> None:
-        grace = int(event.get("grace", 0))
-        await self._write(
-            b"NOTIFY SERVER BYE " + format_timeout(grace).encode() + b"\r\n\r\n"
-        )
+        await self._write(serialize_notify_server_bye(int(event.get("grace", 0))))
+
+    async def smqp_notify(self, event: dict) -> None:
+        """A notification for this account from the services (any process)."""
+        if self.account is None or self.closing:
+            return
+        kind = event["kind"]
+        if kind == "topic":
+            data = serialize_notify_topic(event["topic"], event["action"], event.get("value"))
+        elif kind == "sub":
+            data = serialize_notify_sub(event["topic"], event["count"])
+        elif kind == "server_timeout":
+            data = serialize_notify_server_timeout(event["timeout"])
+        else:
+            return
+        if self.suspended:
+            if len(self._held) < MAX_HELD_NOTIFICATIONS:
+                self._held.append(data)
+            return
+        await self._write(data)
 
     async def smqp_disconnect(self, event: dict) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self.account is not None and self.channel_layer is not None:
+            await self.channel_layer.group_discard(
+                notify.account_group(self.account.pk), self.channel_name)
         if self.session is not None:
             session, self.session = self.session, None
             await database_sync_to_async(auth_service.end_session)(session)
@@ -173,14 +211,61 @@ class SMQPConsumer(AsyncConsumer):
             return
         # Profile §5: the same answer whether or not the account exists.
         self.pending_login = (cmd.username, f"{cmd.method.upper()}/{cmd.version}")
+        if cmd.method.upper() == "SCRAM-SHA-256":
+            self.scram = auth_service.scram_server()
+            self.reply(200, "OK", "+ ")
+            self.codec.expect_raw_line()
+            return
+        self.scram = None
         self.reply(200, "OK")
 
+    async def cmd_raw_line(self, cmd: c.RawLine) -> None:
+        """One client line of a SCRAM-SHA-256 exchange (base64). The server answers
+        ``+ <base64 server-first>``; after the client-final it sends ``+ <base64
+        server-final>`` followed at once by the login reply (or 401)."""
+        exchange, self.scram = self.scram, None
+        if exchange is None or self.pending_login is None:
+            self.reply(400, "Bad request (no authentication exchange in progress)")
+            return
+        username, method = self.pending_login
+        throttle = await database_sync_to_async(auth_service.throttle_for)(self.peer_host)
+        if throttle.refused:
+            self.pending_login = None
+            self.reply(401, "Unauthorized (too many failed logins; try again later)")
+            return
+        try:
+            data = base64.b64decode(cmd.text.strip(), validate=True)
+            answer = await database_sync_to_async(exchange.step, thread_sensitive=False)(data)
+            if exchange.username is None or exchange.username.casefold() != username.casefold():
+                raise ScramError("authentication failed")
+        except (ScramError, ValueError):
+            self.pending_login = None
+            await database_sync_to_async(auth_service.record_failure)(self.peer_host, username)
+            self.reply(401, "Unauthorized")
+            return
+        self._out += b"+ " + base64.b64encode(answer) + b"\r\n"
+        if not exchange.authenticated:
+            self.scram = exchange
+            self.codec.expect_raw_line()
+            return
+        self.pending_login = None
+        account = await database_sync_to_async(auth_service.find_account)(username)
+        if account is None:  # removed in the middle of the exchange
+            self.reply(401, "Unauthorized")
+            return
+        await self._logged_in(account, method)
+
     async def cmd_pass(self, cmd: c.Pass) -> None:
+        if self.password_change_pending:
+            self.password_change_pending = False
+            await self._call(account_service.change_password, self.account, cmd.user, cmd.secret)
+            self.reply(200, "OK")
+            return
         if self.account is not None:
             self.reply(405, "Not allowed (already logged in)")
             return
-        if self.pending_login is None:
-            self.reply(400, "Bad request (LOGIN first)")
+        if self.pending_login is None or not self.pending_login[1].startswith("CLEAR/"):
+            self.reply(400, "Bad request (PASS follows LOGIN ... CLEAR/1.0)")
             return
         username, method = self.pending_login
         if cmd.user.casefold() != username.casefold():
@@ -208,6 +293,9 @@ class SMQPConsumer(AsyncConsumer):
         session = await database_sync_to_async(self._begin_session)(account, method)
         self.account = account
         self.session = session
+        if self.channel_layer is not None:
+            await self.channel_layer.group_add(notify.account_group(account.pk),
+                                               self.channel_name)
         self._arm_watchdog(settings.SMQP_IDLE_TIMEOUT)
         self.reply(
             200,
@@ -230,3 +318,100 @@ class SMQPConsumer(AsyncConsumer):
     async def cmd_quit(self, cmd: c.Quit) -> None:
         self.reply(200, "OK")
         self.closing = True
+
+    # ------------------------------------------------------------------------ topic commands
+
+    async def _call(self, fn: Callable, *args: Any) -> Any:
+        """Run a service function in the database thread."""
+        return await database_sync_to_async(fn)(*args)
+
+    async def _as_account(self, fn: Callable, *args: Any) -> Any:
+        """Run a service function with a fresh access snapshot of this account."""
+
+        def run() -> Any:
+            return fn(AccessSnapshot(self.account), *args)
+
+        return await database_sync_to_async(run)()
+
+    def reply_list(self, items: list[str], empty: str) -> None:
+        self.reply(200, "OK", *(items or [empty]))
+
+    async def cmd_count(self, cmd: c.Count) -> None:
+        fn = {"TOPIC": topic_service.count_topics, "MESSAGE": topic_service.count_messages,
+              "SUBSCRIBERS": topic_service.count_subscribers}[cmd.resource]
+        self.reply(200, "OK", str(await self._as_account(fn, cmd.pattern)))
+
+    async def cmd_list_topic(self, cmd: c.ListTopic) -> None:
+        found = await self._as_account(topic_service.children, cmd.topic)
+        self.reply_list([str(t) for t in found], "0 topics")
+
+    async def cmd_list_message(self, cmd: c.ListMessage) -> None:
+        smuids = await self._as_account(topic_service.list_messages, cmd.topic)
+        self.reply(200, "OK", format_smuid_ranges(smuids) if smuids else "none")
+
+    async def cmd_create_topic(self, cmd: c.CreateTopic) -> None:
+        await self._as_account(topic_service.create_topic, cmd.topic, cmd.keywords, cmd.link)
+        self.reply(200, "OK")
+
+    async def cmd_remove_topic(self, cmd: c.RemoveTopic) -> None:
+        pending = await self._as_account(topic_service.remove_topic, cmd.topic)
+        self.reply(200, "OK", f"{pending} messages pending")
+
+    async def cmd_set_topic_name(self, cmd: c.SetTopicName) -> None:
+        await self._as_account(topic_service.rename_topic, cmd.topic, cmd.new_topic)
+        self.reply(200, "OK")
+
+    async def cmd_set_topic_keywords(self, cmd: c.SetTopicKeywords) -> None:
+        await self._as_account(topic_service.set_keywords, cmd.topic, cmd.keywords)
+        self.reply(200, "OK")
+
+    async def cmd_get_topic_keywords(self, cmd: c.GetTopicKeywords) -> None:
+        keywords = await self._as_account(topic_service.get_keywords, cmd.topic)
+        self.reply(200, "OK", ",".join(keywords))
+
+    async def cmd_find_topic(self, cmd: c.FindTopic) -> None:
+        found = await self._as_account(topic_service.find_topics, cmd.pattern, cmd.keywords)
+        self.reply_list([f"{t.path} {format_keywords(kws)}" for t, kws in found], "0 topics")
+
+    # ------------------------------------------------------------------------ login details
+
+    async def cmd_set_login(self, cmd: c.SetLogin) -> None:
+        if cmd.field == "PASSWORD":
+            method = cmd.value.partition("/")[0].upper()
+            if method != "CLEAR":
+                self.reply(405, "Not allowed (authentication method)")
+                return
+            self.password_change_pending = True
+            self.reply(200, "OK")
+            return
+        await self._call(account_service.set_detail, self.account, cmd.field, cmd.value)
+        self.reply(200, "OK")
+
+    # ------------------------------------------------------------------------ subscriptions
+
+    async def cmd_subscribe(self, cmd: c.Subscribe) -> None:
+        covered = await self._as_account(
+            subscription_service.subscribe, cmd.resource, cmd.pattern, cmd.since)
+        if cmd.resource == "SERVER":
+            covered = ["SERVER TIMEOUT"]
+        self.reply(200, "OK", *covered)
+
+    async def cmd_unsubscribe(self, cmd: c.Unsubscribe) -> None:
+        removed = await self._as_account(
+            subscription_service.unsubscribe, cmd.resource, cmd.pattern)
+        self.reply(200, "OK", *(f"{res} {pattern}" if res != "SERVER" else "SERVER TIMEOUT"
+                                for res, pattern in removed))
+
+    # ------------------------------------------------------------------------ notify control
+
+    async def cmd_set_notify_suspend(self, cmd: c.SetNotifySuspend) -> None:
+        self.suspended = True
+        self.reply(200, "OK")
+
+    async def cmd_set_notify_resume(self, cmd: c.SetNotifyResume) -> None:
+        # The draft: RESUME without a SUSPEND is ignored (and still answered).
+        self.suspended = False
+        self.reply(200, "OK")
+        held, self._held = self._held, []
+        for data in held:
+            self._out += data

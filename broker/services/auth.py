@@ -8,6 +8,7 @@ past a second one the address is refused for a while.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -16,11 +17,12 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
+from accounts import scram
 from accounts.models import Account, LoginSession
 
 from . import events
 
-SUPPORTED_METHODS = ("CLEAR",)
+SUPPORTED_METHODS = ("CLEAR", "SCRAM-SHA-256")
 
 # A valid hash of a random password, checked when the account does not exist so that an
 # unknown account costs the same time as a wrong password (no enumeration by timing).
@@ -54,6 +56,24 @@ def check_clear_password(username: str, password: str) -> Account | None:
     if account.check_password(password):
         return account
     return None
+
+
+def scram_server() -> scram.ScramServer:
+    """A SCRAM-SHA-256 exchange served from the stored PBKDF2-SHA256 hashes. Unknown accounts
+    get stable fake credentials with the real iteration count and case folding, so the
+    exchange looks the same for them up to the final failure (no enumeration)."""
+
+    def lookup(username: str) -> scram.ScramCredentials | None:
+        account = find_account(username)
+        return scram.ScramCredentials.from_django_hash(account.password) if account else None
+
+    dummy_secret = hashlib.sha256(b"smqp-scram-dummy:" + settings.SECRET_KEY.encode()).digest()
+    return scram.ScramServer(
+        lookup,
+        dummy_secret=dummy_secret,
+        dummy_iterations=scram.django_default_iterations(),
+        dummy_key=str.casefold,
+    )
 
 
 # --- throttling -------------------------------------------------------------------------------

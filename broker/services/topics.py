@@ -1,17 +1,381 @@
-"""Topic tree operations: lookups, virtual links, account topics."""
+"""Topic tree operations (draft §4.1.2 to 4.1.7): lookups, COUNT, LIST, CREATE, REMOVE, SET TOPIC,
+GET TOPIC KEYWORDS, FIND; virtual links and account topics.
+
+Rules enforced here, for every door: Trash is reserved; topics are case-insensitive; account
+topics cannot be created, renamed or removed by commands; a virtual topic links only to a real
+one and behaves like it; new topics inherit their parent's permissions (by the UAL walk up the
+tree); LIST, FIND and COUNT never reveal a topic the account may not see.
+"""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from accounts.models import Account
+from broker.models import Message, Subscription
+from broker.smqp.values import TopicPattern
 from topics import paths
-from topics.models import Topic
+from topics.models import Topic, TopicKeyword
+from ual.models import Right
+from ual.resolution import AccessSnapshot, level_keys
+
+from . import ServiceError, conflict, not_allowed, not_found, notify, unauthorized
+
+TRASH = "trash"
+
+
+# --------------------------------------------------------------------------------- lookups
 
 
 def find(path: str) -> Topic | None:
     """The topic stored under ``path`` (case-insensitive), virtual or real, or None."""
     return Topic.objects.select_related("link").filter(key=paths.path_key(path)).first()
+
+
+def _live(qs):
+    return qs.filter(state=Topic.State.ACTIVE)
+
+
+def get_visible(snapshot: AccessSnapshot, path: str, *, include_removing: bool = False) -> Topic:
+    """The topic at ``path`` if the account may see it; 404 otherwise (never 401, which
+    would reveal that it exists)."""
+    topic = find(path)
+    if topic is None or not snapshot.can_see(topic):
+        raise not_found("topic")
+    if topic.state != Topic.State.ACTIVE and not include_removing:
+        raise not_found("topic")
+    return topic
+
+
+def split_trash(path: str) -> tuple[str, bool]:
+    """``/a/b/Trash`` names the Trash queue of ``/a/b``."""
+    head, _, last = path.rpartition("/")
+    if head and last.casefold() == TRASH:
+        return head, True
+    return path, False
+
+
+def _descendants(base_key: str):
+    return Topic.objects.filter(key__startswith=base_key.rstrip("/") + "/")
+
+
+def _matching(snapshot: AccessSnapshot, pattern: TopicPattern) -> list[Topic]:
+    """Visible, active topics a pattern names: the topic itself, or every descendant."""
+    if pattern.wildcard:
+        if pattern.base in ("", "/"):
+            qs = Topic.objects.all()
+        else:
+            get_visible(snapshot, pattern.base)
+            qs = _descendants(paths.path_key(pattern.base))
+        topics = list(_live(qs).select_related("link").order_by("key"))
+        return [t for t in topics if snapshot.can_see(t)]
+    return [get_visible(snapshot, pattern.base)]
+
+
+# ------------------------------------------------------------------------------- COUNT/LIST
+
+
+def children(snapshot: AccessSnapshot, path: str) -> list[Topic]:
+    """LIST TOPIC: the visible children of ``path`` (``/``: the first-level topics)."""
+    if path == "/":
+        qs = Topic.objects.filter(parent__isnull=True)
+    else:
+        qs = get_visible(snapshot, path).children.all()
+    return [t for t in _live(qs).select_related("link").order_by("key") if snapshot.can_see(t)]
+
+
+def count_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
+    """COUNT TOPIC: children of a topic, or with a wildcard all descendants at any depth."""
+    if not pattern.wildcard:
+        return len(children(snapshot, pattern.base))
+    return len(_matching(snapshot, pattern))
+
+
+def _message_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> tuple[list[Topic], bool]:
+    base, trash = split_trash(pattern.base) if not pattern.wildcard else (pattern.base, False)
+    topics = _matching(snapshot, TopicPattern(base, pattern.wildcard))
+    real = {t.resolved().pk: t.resolved() for t in topics}
+    return list(real.values()), trash
+
+
+def _require(snapshot: AccessSnapshot, topic: Topic, right: str) -> None:
+    if not snapshot.allows(topic, right):
+        raise unauthorized(f"no {right} right on {topic.path}")
+
+
+def count_messages(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
+    """COUNT MESSAGE: messages now held in the queue(s) (or in Trash for ``/t/Trash``)."""
+    topics, trash = _message_topics(snapshot, pattern)
+    allowed = [t.pk for t in topics if snapshot.allows(t, Right.SUBSCRIBE)]
+    if not pattern.wildcard and not allowed:
+        _require(snapshot, topics[0], Right.SUBSCRIBE)
+    state = Message.State.TRASH if trash else Message.State.PENDING
+    return Message.objects.filter(topic_id__in=allowed, state=state).count()
+
+
+def list_messages(snapshot: AccessSnapshot, path: str) -> list[int]:
+    """LIST MESSAGE: the smuids now in the queue (or in its Trash)."""
+    topics, trash = _message_topics(snapshot, TopicPattern(path, False))
+    _require(snapshot, topics[0], Right.SUBSCRIBE)
+    state = Message.State.TRASH if trash else Message.State.PENDING
+    return list(
+        Message.objects.filter(topic=topics[0], state=state).order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def message_subscription_keys(topic: Topic) -> list[str]:
+    """Subscription pattern keys that cover ``topic``: itself and ``/ancestor/*``."""
+    key = topic.resolved().key
+    return [key] + [level + "/*" for level in level_keys(key.rpartition("/")[0])]
+
+
+def subscriber_accounts(topic: Topic, resource: str = Subscription.Resource.MESSAGE) -> set[int]:
+    keys = message_subscription_keys(topic)
+    if topic.is_virtual:
+        keys += [topic.key] + [lvl + "/*" for lvl in level_keys(topic.key.rpartition("/")[0])]
+    return set(
+        Subscription.objects.filter(resource=resource, pattern_key__in=keys)
+        .values_list("account_id", flat=True)
+    )
+
+
+def count_subscribers(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
+    """COUNT SUBSCRIBERS: accounts subscribed to the topic's messages (with a wildcard, to any
+    topic below it)."""
+    accounts: set[int] = set()
+    for topic in _matching(snapshot, pattern):
+        accounts |= subscriber_accounts(topic)
+    return len(accounts)
+
+
+# --------------------------------------------------------------------------------- CREATE
+
+
+def _check_new_path(path: str) -> None:
+    try:
+        paths.check_creatable(path)
+    except paths.InvalidTopicPath as exc:
+        raise not_allowed("Trash is a reserved topic name") from exc
+    if paths.is_under_accounts(path):
+        raise not_allowed("account topics are made with accounts")
+
+
+def _parent_for(snapshot: AccessSnapshot, path: str) -> Topic | None:
+    parent_path = paths.parent_path(path)
+    if parent_path is None:
+        return None
+    parent = find(parent_path)
+    if parent is None or parent.state != Topic.State.ACTIVE:
+        raise not_found("parent topic")
+    if parent.is_virtual:
+        raise not_allowed("a virtual topic has no children")
+    return parent
+
+
+def _require_manage(snapshot: AccessSnapshot, parent: Topic | None, what: str) -> None:
+    if parent is None:
+        if not snapshot.superuser:
+            raise unauthorized(f"no manage right at the root to {what}")
+    elif not snapshot.allows(parent, Right.MANAGE):
+        raise unauthorized(f"no manage right on {parent.path}")
+
+
+def _set_keywords(topic: Topic, keywords: tuple[str, ...]) -> None:
+    TopicKeyword.objects.filter(topic=topic).delete()
+    seen: set[str] = set()
+    rows = []
+    for kw in keywords:
+        if kw.casefold() not in seen:
+            seen.add(kw.casefold())
+            rows.append(TopicKeyword(topic=topic, keyword=kw, key=kw.casefold(),
+                                     position=len(rows)))
+    TopicKeyword.objects.bulk_create(rows)
+
+
+def _topic_watchers(topic_key: str) -> set[int]:
+    keys = [topic_key] + [lvl + "/*" for lvl in level_keys(topic_key.rpartition("/")[0])]
+    return set(
+        Subscription.objects.filter(resource=Subscription.Resource.TOPIC, pattern_key__in=keys)
+        .values_list("account_id", flat=True)
+    )
+
+
+def _notify_topic(topic: Topic, action: str, value: str | None = None,
+                  key: str | None = None) -> None:
+    """Tell TOPIC subscribers that can see ``topic``."""
+    watchers = _topic_watchers(key or topic.key)
+    if not watchers:
+        return
+    allowed = [
+        a.pk for a in Account.objects.filter(pk__in=watchers, is_active=True)
+        if AccessSnapshot(a).can_see(topic)
+    ]
+    notify.send_after_commit(allowed, notify.topic_event(topic.path, action, value))
+
+
+@transaction.atomic
+def create_topic(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...] | None = None,
+                 link_path: str | None = None) -> Topic:
+    """CREATE TOPIC; reply codes per profile §7."""
+    _check_new_path(path)
+    if find(path) is not None:
+        raise conflict("topic exists")
+    parent = _parent_for(snapshot, path)
+    link = None
+    if link_path is not None:
+        if paths.path_key(link_path) == paths.path_key(path):
+            raise conflict("topic and destination topic are the same")
+        link = find(link_path)
+        if link is None or link.state != Topic.State.ACTIVE:
+            raise not_found("destination topic")
+        if link.is_virtual:
+            raise not_allowed("a virtual topic links only to a real topic")
+    _require_manage(snapshot, parent, "create topics")
+    siblings = Topic.objects.filter(parent=parent).count()
+    if siblings >= settings.SMQP_MAX_CHILD_TOPICS:
+        raise ServiceError(414, "Resource too large (too many topics for parent topic)")
+    try:
+        with transaction.atomic():
+            topic = Topic.objects.create(path=path, parent=parent, link=link)
+    except IntegrityError as exc:  # created concurrently
+        raise conflict("topic exists") from exc
+    if keywords:
+        _set_keywords(topic, keywords)
+    _notify_topic(topic, "ADDED")
+    return topic
+
+
+# --------------------------------------------------------------------------------- REMOVE
+
+
+def _guard_account_topic(topic: Topic, what: str) -> None:
+    if topic.account_id is not None or topic.key == paths.ACCOUNTS_ROOT:
+        raise not_allowed(f"account topics cannot be {what} by commands")
+
+
+@transaction.atomic
+def remove_topic(snapshot: AccessSnapshot, path: str) -> int:
+    """REMOVE TOPIC: the topic and everything below it (and virtual topics linking there)
+    stop taking publishes at once; they are deleted when their last pending message is gone.
+    Returns the number of messages pending."""
+    topic = get_visible(snapshot, path)
+    _guard_account_topic(topic, "removed")
+    if _descendants(topic.key).filter(account__isnull=False).exists():
+        raise not_allowed("account topics cannot be removed by commands")
+    _require_manage(snapshot, topic, "remove topics")
+    subtree = Topic.objects.filter(Q(pk=topic.pk) | Q(key__startswith=topic.key + "/"))
+    subtree_ids = list(subtree.values_list("pk", flat=True))
+    links = Topic.objects.filter(link_id__in=subtree_ids).exclude(pk__in=subtree_ids)
+    affected = list(subtree) + list(links)
+    Topic.objects.filter(pk__in=[t.pk for t in affected]).update(state=Topic.State.REMOVING)
+    pending = Message.objects.filter(
+        topic_id__in=subtree_ids, state=Message.State.PENDING).count()
+    for t in affected:
+        _notify_topic(t, "DELETED")
+    if pending == 0:
+        finalize_removal(topic_ids=[t.pk for t in affected])
+    return pending
+
+
+def finalize_removal(topic_ids: list[int] | None = None) -> int:
+    """Delete topics marked for removal whose queues hold no pending message any more
+    (leaves first). Returns how many topics were deleted."""
+    qs = Topic.objects.filter(state=Topic.State.REMOVING)
+    if topic_ids is not None:
+        qs = qs.filter(pk__in=topic_ids)
+    deleted = 0
+    # Deepest first, so a parent goes only after its children; virtual links before targets.
+    for topic in sorted(qs, key=lambda t: (t.link_id is None, -t.depth)):
+        with transaction.atomic():
+            busy = Message.objects.filter(
+                Q(topic=topic) | Q(topic__key__startswith=topic.key + "/"),
+                state=Message.State.PENDING,
+            ).exists()
+            if busy or topic.virtual_topics.exclude(state=Topic.State.REMOVING).exists():
+                continue
+            if Topic.objects.filter(parent=topic).exclude(state=Topic.State.REMOVING).exists():
+                continue
+            Topic.objects.filter(link=topic).delete()
+            topic.delete()
+            deleted += 1
+    return deleted
+
+
+# ---------------------------------------------------------------------------- SET TOPIC ...
+
+
+@transaction.atomic
+def rename_topic(snapshot: AccessSnapshot, path: str, new_path: str) -> Topic:
+    """SET TOPIC NAME: the topic (and its subtree) takes the new path; pending messages stay
+    with it; the old name is gone at once."""
+    topic = get_visible(snapshot, path)
+    _guard_account_topic(topic, "renamed")
+    if paths.path_key(new_path) == topic.key:
+        raise conflict("new topic and topic are the same")
+    _check_new_path(new_path)
+    if find(new_path) is not None:
+        raise conflict("new topic exists")
+    if paths.path_key(new_path).startswith(topic.key + "/"):
+        raise conflict("a topic cannot move below itself")
+    if _descendants(topic.key).filter(account__isnull=False).exists():
+        raise not_allowed("account topics cannot be renamed by commands")
+    new_parent = _parent_for(snapshot, new_path)
+    _require_manage(snapshot, topic, "rename topics")
+    _require_manage(snapshot, new_parent, "create topics")
+    old_path, old_key = topic.path, topic.key
+    watchers_key = old_key
+    topic.path = new_path
+    topic.parent = new_parent
+    topic.save()
+    for child in _descendants(old_key):
+        child.path = new_path + child.path[len(old_path):]
+        child.save(update_fields=["path", "key", "updated"])
+    old = Topic(path=old_path, key=old_key, link=topic.link)
+    _notify_topic(old, "RENAME", new_path, key=watchers_key)
+    return topic
+
+
+@transaction.atomic
+def set_keywords(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...]) -> Topic:
+    """SET TOPIC KEYWORD: replace the topic's keywords."""
+    topic = get_visible(snapshot, path)
+    _require_manage(snapshot, topic, "change keywords")
+    _set_keywords(topic, keywords)
+    _notify_topic(topic, "KEYWORDS", ",".join(keywords_of(topic)))
+    return topic
+
+
+def keywords_of(topic: Topic) -> list[str]:
+    return list(topic.keywords.order_by("position").values_list("keyword", flat=True))
+
+
+def get_keywords(snapshot: AccessSnapshot, path: str) -> list[str]:
+    return keywords_of(get_visible(snapshot, path))
+
+
+def find_topics(snapshot: AccessSnapshot, pattern: TopicPattern,
+                keywords: tuple[str, ...] | None) -> list[tuple[Topic, list[str]]]:
+    """FIND TOPIC: the topic (or with a wildcard every topic below it) whose keywords match:
+    each query keyword must be a case-insensitive substring of one of the topic's keywords."""
+    topics = _matching(snapshot, pattern)
+    kw_rows = TopicKeyword.objects.filter(topic__in=topics).order_by("topic", "position")
+    by_topic: dict[int, list[str]] = {}
+    for row in kw_rows:
+        by_topic.setdefault(row.topic_id, []).append(row.keyword)
+    wanted = [k.casefold() for k in keywords or ()]
+    found = []
+    for topic in topics:
+        kws = by_topic.get(topic.pk, [])
+        folded = [k.casefold() for k in kws]
+        if all(any(w in k for k in folded) for w in wanted):
+            found.append((topic, kws))
+    return found
+
+
+# --------------------------------------------------------------------------- account topics
 
 
 def _ensure_path(path: str, **defaults) -> Topic:
@@ -49,3 +413,4 @@ def ensure_account_topic(account: Account) -> Topic:
     topic.account = account
     topic.save(update_fields=["account", "updated"])
     return topic
+

@@ -1,0 +1,48 @@
+"""SET LOGIN: the account's own password and owner details."""
+
+from __future__ import annotations
+
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import transaction
+
+from accounts.models import Account
+
+from . import bad_request, unauthorized
+
+FIELDS = {"NAME": ("proper_name", 200), "EMAIL": ("email", 254),
+          "ADDRESS": ("postal_address", 1000), "PHONE": ("phone", 64)}
+
+
+@transaction.atomic
+def set_detail(account: Account, field: str, value: str) -> None:
+    """SET LOGIN NAME|EMAIL|ADDRESS|PHONE <value>."""
+    attr, limit = FIELDS[field]
+    value = value.strip()
+    if len(value) > limit:
+        raise bad_request(f"{field.lower()} longer than {limit} characters")
+    if field == "EMAIL" and value:
+        try:
+            validate_email(value)
+        except ValidationError as exc:
+            raise bad_request("invalid e-mail address") from exc
+    Account.objects.filter(pk=account.pk).update(**{attr: value})
+    setattr(account, attr, value)
+
+
+@transaction.atomic
+def change_password(account: Account, old: str, new: str) -> None:
+    """SET LOGIN PASSWORD, then ``PASS <old> <new>``: 401 when the old password is wrong."""
+    fresh = Account.objects.select_for_update().get(pk=account.pk)
+    if not fresh.check_password(old):
+        raise unauthorized("old password is not correct")
+    if not new:
+        raise bad_request("empty new password")
+    try:
+        validate_password(new, fresh)
+    except ValidationError as exc:
+        raise bad_request("; ".join(exc.messages)) from exc
+    fresh.set_password(new)
+    fresh.save(update_fields=["password"])
+    account.password = fresh.password
