@@ -180,7 +180,12 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {
+    "finalize-topic-removals": {
+        "task": "broker.finalize_topic_removals",
+        "schedule": env_int("SMQP_REMOVAL_SWEEP_SECONDS", 30),
+    },
+}
 
 # --- SMQP -------------------------------------------------------------------------------------
 SMQP_HOST = os.environ.get("SMQP_HOST", "127.0.0.1")

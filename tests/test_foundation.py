@@ -252,3 +252,25 @@ def test_every_admin_page_works_on_a_fresh_database(client):
     page = client.get(f"/admin/topics/topic/{t.pk}/change/")
     assert page.status_code == 200
     assert b"max_retries" in page.content and b"server default" in page.content
+
+
+def test_removed_topic_is_deleted_only_when_its_queue_is_empty():
+    from django.utils import timezone
+
+    from broker.models import Message
+    from broker.tasks import finalize_topic_removals
+    from ual.resolution import AccessSnapshot
+
+    root = make_account("root", is_superuser=True)
+    snap = AccessSnapshot(root)
+    topic_service.create_topic(snap, "/q")
+    topic_service.create_topic(snap, "/q/child")
+    msg = Message.objects.create(topic=topic_service.find("/q/child"), cmuid="A1",
+                                 created=timezone.now())
+    assert topic_service.remove_topic(snap, "/q") == 1
+    assert topic_service.find("/q").state == Topic.State.REMOVING
+    assert finalize_topic_removals() == 0
+    assert topic_service.find("/q/child") is not None
+    Message.objects.filter(pk=msg.pk).update(state=Message.State.TRASH)
+    assert finalize_topic_removals() == 2
+    assert topic_service.find("/q") is None and topic_service.find("/q/child") is None
