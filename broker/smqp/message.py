@@ -78,7 +78,8 @@ def parse_header_line(line: str) -> tuple[str, str]:
 def _lookup(headers: list[tuple[str, str]], name: str) -> str | None:
     lname = canonical_name(name).lower()
     for k, v in headers:
-        if k.lower() == lname:
+        low = k.lower()
+        if low == lname or CANONICAL_NAMES.get(low, "").lower() == lname:
             return v
     return None
 

@@ -371,3 +371,12 @@ def test_serialize_message_zero_sections_and_prefix() -> None:
     )
     assert section.content_type == "t" and section.content_length == 2
     assert section.get("content-length") == "2"
+
+
+def test_message_get_with_abbreviated_names_either_side() -> None:
+    msg = Message([("Pri", "2"), ("seq", "5"), ("X-A", "x")])
+    assert msg.get("Priority") == "2"
+    assert msg.get("PRI") == "2"
+    assert msg.get("Sequence") == "5"
+    assert msg.get("x-a") == "x"
+    assert msg.get("Name") is None
