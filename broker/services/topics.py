@@ -126,16 +126,17 @@ def list_messages(snapshot: AccessSnapshot, path: str) -> list[int]:
     )
 
 
-def message_subscription_keys(topic: Topic) -> list[str]:
-    """Subscription pattern keys that cover ``topic``: itself and ``/ancestor/*``."""
-    key = topic.resolved().key
+def covering_patterns(key: str) -> list[str]:
+    """Subscription pattern keys that cover the topic ``key``: itself and ``/ancestor/*``."""
     return [key] + [level + "/*" for level in level_keys(key.rpartition("/")[0])]
 
 
 def subscriber_accounts(topic: Topic, resource: str = Subscription.Resource.MESSAGE) -> set[int]:
-    keys = message_subscription_keys(topic)
+    """Accounts subscribed to ``resource`` of the topic, by its own name or, for a virtual
+    topic, by the real topic's name."""
+    keys = covering_patterns(topic.resolved().key)
     if topic.is_virtual:
-        keys += [topic.key] + [lvl + "/*" for lvl in level_keys(topic.key.rpartition("/")[0])]
+        keys += covering_patterns(topic.key)
     return set(
         Subscription.objects.filter(resource=resource, pattern_key__in=keys)
         .values_list("account_id", flat=True)
@@ -196,9 +197,9 @@ def _set_keywords(topic: Topic, keywords: tuple[str, ...]) -> None:
 
 
 def _topic_watchers(topic_key: str) -> set[int]:
-    keys = [topic_key] + [lvl + "/*" for lvl in level_keys(topic_key.rpartition("/")[0])]
     return set(
-        Subscription.objects.filter(resource=Subscription.Resource.TOPIC, pattern_key__in=keys)
+        Subscription.objects.filter(resource=Subscription.Resource.TOPIC,
+                                    pattern_key__in=covering_patterns(topic_key))
         .values_list("account_id", flat=True)
     )
 
