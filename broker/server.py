@@ -137,6 +137,8 @@ class SMQPServer:
         self.connections.add(conn)
         try:
             await conn.run(self.application)
+        except asyncio.CancelledError:
+            pass  # the listener is shutting down; the connection is closed with it
         except Exception:  # one connection's failure never stops the listener
             logger.exception("connection handler failed")
         finally:

@@ -181,6 +181,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
+    "expire-messages": {
+        "task": "broker.expire_messages",
+        "schedule": env_int("SMQP_EXPIRY_SWEEP_SECONDS", 5),
+    },
+    "purge-trash": {"task": "broker.purge_trash", "schedule": 3600},
     "finalize-topic-removals": {
         "task": "broker.finalize_topic_removals",
         "schedule": env_int("SMQP_REMOVAL_SWEEP_SECONDS", 30),
@@ -231,3 +236,4 @@ LOGGING = {
 SMQP_MAX_CHILD_TOPICS = env_int("SMQP_MAX_CHILD_TOPICS", 10_000)
 SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT", 1000)
 SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)
+SMQP_TRASH_RETENTION = env_int("SMQP_TRASH_RETENTION", 7 * 86_400)

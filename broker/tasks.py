@@ -11,3 +11,21 @@ from broker.services import topics as topic_service
 def finalize_topic_removals() -> int:
     """Delete topics marked by REMOVE TOPIC whose queues have emptied."""
     return topic_service.finalize_removal()
+
+
+@shared_task(name="broker.expire_messages")
+def expire_messages() -> int:
+    """Messages whose timeout ran out go to Trash."""
+    from broker.services import messages as message_service
+
+    return message_service.expire_messages()
+
+
+@shared_task(name="broker.purge_trash")
+def purge_trash() -> int:
+    """Trash older than SMQP_TRASH_RETENTION seconds is deleted."""
+    from django.conf import settings
+
+    from broker.services import messages as message_service
+
+    return message_service.purge_trash(settings.SMQP_TRASH_RETENTION)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import heapq
 import logging
 import re
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -22,16 +24,20 @@ from django.utils import timezone
 
 from accounts.models import Account, LoginSession
 from accounts.scram import ScramError, ScramServer
+from broker.delivery import Dispatcher, get_dispatcher
 from broker.services import ServiceError, notify
 from broker.services import accounts as account_service
 from broker.services import auth as auth_service
+from broker.services import messages as message_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.smqp import commands as c
 from broker.smqp.connection import CLOSED, NEED_DATA, ServerConnection
 from broker.smqp.errors import ProtocolError
 from broker.smqp.replies import (
+    serialize_get_reply,
     serialize_greeting,
+    serialize_notify_message,
     serialize_notify_server_bye,
     serialize_notify_server_timeout,
     serialize_notify_sub,
@@ -72,6 +78,19 @@ class SMQPConsumer(AsyncConsumer):
         self.password_change_pending = False
         self.suspended = False
         self._held: list[bytes] = []
+        # Delivery state: messages waiting (priority, smuid), the one awaiting 310 ACK.
+        self.account_id = 0
+        self.dispatcher: Dispatcher | None = None
+        self._waiting: list[tuple[int, int]] = []
+        self._queued: set[int] = set()
+        self._skip: set[int] = set()
+        self.inflight: int | None = None
+        self._inflight_payload: tuple | None = None
+        self._attempts = 0
+        self._retry: asyncio.TimerHandle | None = None
+        self._pump_task: asyncio.Task | None = None
+        # Publishes handed to the dispatcher whose replies are still to be written, in order.
+        self._outstanding: deque[tuple[asyncio.Future, str]] = deque()
         self.closing = False
         self._out = bytearray()
         self._loop = asyncio.get_running_loop()
@@ -112,6 +131,15 @@ class SMQPConsumer(AsyncConsumer):
     async def smqp_disconnect(self, event: dict) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._retry is not None:
+            self._retry.cancel()
+        if self.dispatcher is not None:
+            self.dispatcher.unregister(self)
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+        for future, _ in self._outstanding:
+            # The peer is gone; the publish itself still completes (and is kept).
+            future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
         if self.account is not None and self.channel_layer is not None:
             await self.channel_layer.group_discard(
                 notify.account_group(self.account.pk), self.channel_name)
@@ -150,9 +178,15 @@ class SMQPConsumer(AsyncConsumer):
                 self.closing = True
                 break
             if isinstance(event, ProtocolError):
+                await self._settle()
                 self.reply(event.code, event.text)
                 continue
+            if isinstance(event, c.Publish) and self.account is not None:
+                self._start_publish(event)
+                continue
+            await self._settle()
             await self._dispatch(event)
+        await self._settle()
         await self.flush(close=self.closing)
 
     async def _dispatch(self, command: Any) -> None:
@@ -290,12 +324,18 @@ class SMQPConsumer(AsyncConsumer):
         await self._logged_in(account, method)
 
     async def _logged_in(self, account: Account, method: str) -> None:
+        """Session set-up after a successful login; then the backlog is offered."""
         session = await database_sync_to_async(self._begin_session)(account, method)
         self.account = account
         self.session = session
         if self.channel_layer is not None:
             await self.channel_layer.group_add(notify.account_group(account.pk),
                                                self.channel_name)
+        self.account_id = account.pk
+        self.dispatcher = get_dispatcher()
+        self.dispatcher.register(self)
+        for priority, smuid in await self._call(message_service.backlog, account.pk):
+            self.offer(priority, smuid)
         self._arm_watchdog(settings.SMQP_IDLE_TIMEOUT)
         self.reply(
             200,
@@ -395,6 +435,9 @@ class SMQPConsumer(AsyncConsumer):
         if cmd.resource == "SERVER":
             covered = ["SERVER TIMEOUT"]
         self.reply(200, "OK", *covered)
+        if cmd.resource == "MESSAGE":
+            for priority, smuid in await self._call(message_service.backlog, self.account_id):
+                self.offer(priority, smuid)
 
     async def cmd_unsubscribe(self, cmd: c.Unsubscribe) -> None:
         removed = await self._as_account(
@@ -415,3 +458,124 @@ class SMQPConsumer(AsyncConsumer):
         held, self._held = self._held, []
         for data in held:
             self._out += data
+        self._kick()
+
+    # ------------------------------------------------------------------------ publishing
+
+    def _start_publish(self, cmd: c.Publish) -> None:
+        """Hand the message to the dispatcher's next group commit without waiting, so that
+        pipelined publishes share a transaction; the reply is written once it committed."""
+        request = message_service.PublishRequest(
+            account_id=self.account_id, guid=self.session.guid if self.session else "",
+            kind=cmd.kind, topic=cmd.topic, cmuid=cmd.cmuid, message=cmd.message, peer=self.peer)
+        future = asyncio.ensure_future(self.dispatcher.publish(request))
+        self._outstanding.append((future, cmd.cmuid))
+
+    async def _settle(self) -> None:
+        """Write the replies of outstanding publishes, in order (after their commit)."""
+        while self._outstanding:
+            future, cmuid = self._outstanding[0]
+            try:
+                published = await future
+            except ServiceError as exc:
+                self.reply(exc.code, exc.text)
+            except ProtocolError as exc:
+                self.reply(exc.code, exc.text)
+            except Exception:
+                logger.exception("publish failed for %s", self.peer)
+                self.reply(500, "Server error (nothing was committed)")
+            else:
+                self.reply(200, "OK", f"{cmuid} {published.smuid}")
+            self._outstanding.popleft()
+
+    async def cmd_republish(self, cmd: c.Republish) -> None:
+        published = await self._as_account(message_service.republish, cmd.topic, cmd.smuid)
+        self.dispatcher.wake([published])
+        self.reply(200, "OK")
+
+    async def cmd_get_message(self, cmd: c.GetMessage) -> None:
+        found = await self._as_account(message_service.get_messages, cmd.topic, cmd.smuids)
+        ctx = self._context
+        self._out += serialize_get_reply(
+            [(topic, f"{ctx}/{smuid}", cmuid, msg) for topic, smuid, cmuid, msg in found])
+
+    # ------------------------------------------------------------------------ delivery
+
+    def offer(self, priority: int, smuid: int) -> None:
+        """A message for this session's account (called by the dispatcher)."""
+        if smuid in self._queued or smuid == self.inflight or smuid in self._skip:
+            return
+        heapq.heappush(self._waiting, (priority, smuid))
+        self._queued.add(smuid)
+        self._kick()
+
+    def forget(self, smuid: int) -> None:
+        """Another session of the account ACKed it: do not send it here any more."""
+        if smuid in self._queued:
+            self._skip.add(smuid)
+
+    def _kick(self) -> None:
+        if (self.inflight is None and self._waiting and not self.suspended
+                and not self.closing and (self._pump_task is None or self._pump_task.done())):
+            self._pump_task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        while self.inflight is None and self._waiting and not self.suspended and not self.closing:
+            _, smuid = heapq.heappop(self._waiting)
+            self._queued.discard(smuid)
+            if smuid in self._skip:
+                self._skip.discard(smuid)
+                continue
+            payload = await self.dispatcher.load(smuid)
+            if payload is None:
+                continue
+            self.inflight, self._inflight_payload, self._attempts = smuid, payload, 0
+            await self._send_notify()
+
+    async def _send_notify(self) -> None:
+        smuid, (topic, cmuid, msg) = self.inflight, self._inflight_payload
+        self._attempts += 1
+        data = serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg)
+        if self._out:  # replies already due go first; never split one
+            data = bytes(self._out) + data
+            self._out.clear()
+        await self._write(data)
+        retry_timeout, max_retries = await self.dispatcher.retry_policy(topic)
+        if self.inflight == smuid:
+            if self._retry is not None:
+                self._retry.cancel()
+            self._retry = self._loop.call_later(
+                retry_timeout, self._retry_due, smuid, max_retries)
+
+    def _retry_due(self, smuid: int, max_retries: int) -> None:
+        """No 310 ACK within the topic's retry timeout: send again, or give up."""
+        if self.inflight != smuid or self.closing:
+            return
+        if self._attempts > max_retries:
+            self._pump_task = asyncio.ensure_future(self._give_up(smuid))
+        else:
+            self._pump_task = asyncio.ensure_future(self._send_notify())
+
+    async def _give_up(self, smuid: int) -> None:
+        await self.dispatcher.dead(self.account_id, smuid)
+        if self.inflight == smuid:
+            self.inflight = self._inflight_payload = None
+        await self._pump()
+
+    async def cmd_ack(self, cmd: c.Ack) -> None:
+        smuid = self.inflight
+        if smuid is None:
+            self.reply(400, "Bad request (no message is waiting for 310 ACK)")
+            return
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        await self.dispatcher.ack(message_service.AckRequest(self.account_id, smuid,
+                                                             self._attempts))
+        for other in self.dispatcher.sessions.get(self.account_id, ()):
+            if other is not self:
+                other.forget(smuid)
+        self.inflight = self._inflight_payload = None
+        self.reply(310, "ACK")
+        await self.flush()
+        self._kick()

@@ -18,6 +18,7 @@ from ual.models import Right
 from ual.resolution import AccessSnapshot
 
 from . import ServiceError, not_found, notify, unauthorized
+from . import messages as message_service
 from . import topics as topic_service
 
 R = Subscription.Resource
@@ -68,8 +69,11 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
             raise _too_many(
                 f"a subscription may cover at most {settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE} topics")
     created = _store(account.pk, resource, str(pattern), since)
-    if resource == R.MESSAGE and created:
-        _announce_counts(matched)
+    if resource == R.MESSAGE:
+        if created:
+            _announce_counts(matched)
+        # Messages still held there that the account never got are delivered now.
+        message_service.subscribe_backlog(account.pk, matched, since)
     return [t.path for t in matched] or [str(pattern)]
 
 

@@ -1,0 +1,251 @@
+"""The per-process dispatcher: group commit of publishes and ACKs, and wake-ups.
+
+Every listener process has one :class:`Dispatcher` (per event loop). Publishes and ACKs from
+all sessions queue here; one writer task stores whatever has queued up in a single
+transaction (so a burst of publishes costs one commit, not one each), and only then lets the
+sessions answer ``200`` / ``310 ACK``. After each commit it offers the new messages to the
+subscribed sessions of this process directly, and to other processes through the Channels
+layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from broker.services import ServiceError
+from broker.services import messages as message_service
+from broker.services.messages import AckRequest, Published, PublishRequest
+
+logger = logging.getLogger("broker.delivery")
+
+DISPATCH_GROUP = "smqp-dispatch"
+# Loaded messages kept for NOTIFY (bytes of data held at most, roughly).
+CACHE_BYTES = 64 * 1024 * 1024
+# Largest group committed at once (bounded so one commit stays short).
+MAX_BATCH = 2000
+
+
+class Session(Protocol):
+    account_id: int
+
+    def offer(self, priority: int, smuid: int) -> None: ...
+
+
+class Dispatcher:
+    def __init__(self) -> None:
+        self.origin = uuid.uuid4().hex
+        self.sessions: dict[int, set[Session]] = defaultdict(set)
+        self._publishes: list[tuple[PublishRequest, asyncio.Future]] = []
+        self._acks: list[tuple[AckRequest, asyncio.Future]] = []
+        self._work = asyncio.Event()
+        self._cache: OrderedDict[int, tuple[str, str, Any]] = OrderedDict()
+        self._cache_bytes = 0
+        self._policies: dict[str, tuple[float, tuple[int, int]]] = {}
+        self._writer = asyncio.ensure_future(self._write_loop())
+        self._listener = asyncio.ensure_future(self._listen_loop())
+
+    # ------------------------------------------------------------------ sessions
+
+    def register(self, session: Session) -> None:
+        self.sessions[session.account_id].add(session)
+
+    def unregister(self, session: Session) -> None:
+        live = self.sessions.get(session.account_id)
+        if live is not None:
+            live.discard(session)
+            if not live:
+                del self.sessions[session.account_id]
+
+    def offer(self, items: Iterable[tuple[int, int, Iterable[int]]]) -> None:
+        """(priority, smuid, accounts) → each live session of those accounts."""
+        for priority, smuid, accounts in items:
+            for account_id in accounts:
+                for session in tuple(self.sessions.get(account_id, ())):
+                    session.offer(priority, smuid)
+
+    # ------------------------------------------------------------------ publish / ack
+
+    async def publish(self, request: PublishRequest) -> Published:
+        """Queue for the next group commit; returns once the message is committed."""
+        future = asyncio.get_running_loop().create_future()
+        self._publishes.append((request, future))
+        self._work.set()
+        return await future
+
+    async def ack(self, request: AckRequest) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._acks.append((request, future))
+        self._work.set()
+        await future
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            while self._publishes or self._acks:
+                publishes = self._publishes[:MAX_BATCH]
+                del self._publishes[:MAX_BATCH]
+                acks = self._acks[:MAX_BATCH]
+                del self._acks[:MAX_BATCH]
+                if publishes:
+                    await self._commit_publishes(publishes)
+                if acks:
+                    await self._commit_acks(acks)
+
+    async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
+        requests = [r for r, _ in batch]
+        try:
+            results = await database_sync_to_async(message_service.publish_batch)(requests)
+        except Exception as exc:  # nothing of this batch was committed
+            logger.exception("publish batch of %d failed", len(batch))
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(ServiceError(500, "Server error (nothing was committed)")
+                                         if not isinstance(exc, ServiceError) else exc)
+            return
+        published: list[Published] = []
+        for (_, future), result in zip(batch, results, strict=True):
+            if isinstance(result, Published):
+                published.append(result)
+                if result.payload is not None:
+                    self._remember(result.smuid, result.payload)
+            if not future.done():
+                if isinstance(result, ServiceError):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+        self.wake(published)
+
+    async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
+        try:
+            await database_sync_to_async(message_service.ack_batch)([r for r, _ in batch])
+        except Exception:
+            logger.exception("ack batch of %d failed", len(batch))
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(ServiceError(500, "Server error (ACK not recorded)"))
+            return
+        for _, future in batch:
+            if not future.done():
+                future.set_result(None)
+
+    # ------------------------------------------------------------------ wake-ups
+
+    def wake(self, published: list[Published]) -> None:
+        """Offer committed messages here, and tell the other processes (one message per
+        topic per batch)."""
+        if not published:
+            return
+        self.offer((p.priority, p.smuid, p.accounts) for p in published)
+        by_topic: dict[int, list[list]] = defaultdict(list)
+        for p in published:
+            if p.accounts:
+                by_topic[p.topic_id].append([p.priority, p.smuid, p.accounts])
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        for items in by_topic.values():
+            event = {"type": "dispatch.wake", "origin": self.origin, "items": items}
+            task = asyncio.ensure_future(layer.group_send(DISPATCH_GROUP, event))
+            task.add_done_callback(_log_failure)
+
+    async def _listen_loop(self) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        # The default prefix: channels-redis then serves this channel and every consumer's
+        # from one shared receive loop (a second prefix would make them take turns).
+        channel = await layer.new_channel()
+        await layer.group_add(DISPATCH_GROUP, channel)
+        loop = asyncio.get_running_loop()
+        joined = loop.time()
+        while True:
+            try:
+                event = await layer.receive(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("channel layer receive failed; retrying")
+                await asyncio.sleep(1)
+                continue
+            if loop.time() - joined > 600:  # groups expire in Redis; stay a member
+                await layer.group_add(DISPATCH_GROUP, channel)
+                joined = loop.time()
+            if event.get("type") == "dispatch.wake" and event.get("origin") != self.origin:
+                self.offer((p, s, a) for p, s, a in event["items"])
+
+    # ------------------------------------------------------------------ message payloads
+
+    def _remember(self, smuid: int, payload: tuple[str, str, Any]) -> None:
+        size = sum(len(s.body) for s in payload[2].sections) + 512
+        self._cache[smuid] = payload
+        self._cache_bytes += size
+        while self._cache_bytes > CACHE_BYTES and self._cache:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= sum(len(s.body) for s in old[2].sections) + 512
+
+    async def load(self, smuid: int) -> tuple[str, str, Any] | None:
+        """(topic path, Cmuid header, codec message) of a message, from memory or the store."""
+        payload = self._cache.get(smuid)
+        if payload is None:
+            loaded = await database_sync_to_async(message_service.load_for_delivery)([smuid])
+            payload = loaded.get(smuid)
+        return payload
+
+    async def retry_policy(self, topic_path: str) -> tuple[int, int]:
+        """(retry timeout seconds, max retries) of a topic, cached for a few seconds."""
+        loop = asyncio.get_running_loop()
+        cached = self._policies.get(topic_path)
+        if cached is not None and cached[0] > loop.time():
+            return cached[1]
+        policy = await database_sync_to_async(message_service.retry_policy)(topic_path)
+        self._policies[topic_path] = (loop.time() + 5.0, policy)
+        return policy
+
+    async def dead(self, account_id: int, smuid: int) -> None:
+        """The account's maximum retries are spent for this message."""
+        await database_sync_to_async(message_service.mark_dead)([(account_id, smuid)])
+
+    def close(self) -> None:
+        for task in (self._writer, self._listener):
+            task.cancel()
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("wake-up through the channel layer failed", exc_info=task.exception())
+
+
+_dispatchers: dict[asyncio.AbstractEventLoop, Dispatcher] = {}
+
+
+def get_dispatcher() -> Dispatcher:
+    """This event loop's dispatcher (created on first use)."""
+    loop = asyncio.get_running_loop()
+    dispatcher = _dispatchers.get(loop)
+    if dispatcher is None:
+        dispatcher = _dispatchers[loop] = Dispatcher()
+    return dispatcher
+
+
+def wake_from_sync(published: list[Published]) -> None:
+    """Offer messages committed outside the dispatcher (receipts, republish, sweeps): to the
+    sessions of every process through the Channels layer."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    items = [[p.priority, p.smuid, p.accounts] for p in published if p.accounts]
+    if items:
+        with contextlib.suppress(Exception):
+            async_to_sync(layer.group_send)(
+                DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "", "items": items})

@@ -1,0 +1,578 @@
+"""Messages: publish (in groups, one transaction per group), acknowledge, get, republish,
+and the sweeps that time decides (expiry, retries, dead letters, trash purge).
+
+The rules of profile §8 live here. The per-process dispatcher (``broker.delivery``) batches
+calls to :func:`publish_batch` and :func:`ack_batch`; every function works on lists so that
+one transaction serves many messages.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from accounts.models import Account
+from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
+from broker.smqp import message as codec
+from broker.smqp.values import (
+    SmuidSet,
+    format_datetime,
+    parse_bool,
+    parse_datetime,
+    parse_int,
+    parse_smuid_header,
+    parse_timeout,
+)
+from topics.models import Topic
+from ual.models import Right
+from ual.resolution import AccessSnapshot
+
+from . import ServiceError, not_found, unauthorized
+from . import topics as topic_service
+
+# Sort key of a message without Priority: after every message that has one.
+NO_PRIORITY = 2**31
+
+
+def too_large(reason: str) -> ServiceError:
+    return ServiceError(414, f"Resource too large ({reason})")
+
+
+# ------------------------------------------------------------------------------- publish
+
+
+@dataclass
+class PublishRequest:
+    """One PUB MESSAGE / PUB REPLY as the door received it."""
+
+    account_id: int
+    guid: str
+    kind: str  # "MESSAGE" or "REPLY"
+    topic: str
+    cmuid: str
+    message: codec.Message
+    peer: str = ""
+
+
+@dataclass
+class Published:
+    """What a committed publish produced: the smuid, and who must be told."""
+
+    smuid: int
+    topic_id: int
+    topic_path: str
+    priority: int
+    accounts: list[int] = field(default_factory=list)
+    # (topic path, Cmuid header, codec message) for NOTIFY, when known without a query.
+    payload: tuple[str, str, codec.Message] | None = None
+
+
+def _header(msg: codec.Message, name: str) -> str | None:
+    return msg.get(name)
+
+
+def _effective(topic: Topic) -> dict[str, int | None]:
+    return {name: value for name, (value, _) in topic.effective_parameters().items()}
+
+
+def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic, Message | None]:
+    """PUB REPLY goes to the original publisher's account topic; the reply right is needed
+    on the topic the original message was received from."""
+    topic = topic_service.find(req.topic)
+    if topic is None or not snapshot.can_see(topic):
+        raise not_found("topic")
+    if not snapshot.allows(topic, Right.REPLY):
+        raise unauthorized(f"no reply right on {topic.path}")
+    original = None
+    smuid_hdr = req.message.get("Smuid")
+    if smuid_hdr:
+        _, number = parse_smuid_header(smuid_hdr)
+        original = Message.objects.filter(pk=number).select_related("publisher").first()
+    account_name = None
+    cmuid_hdr = req.message.get("Cmuid")
+    if cmuid_hdr:
+        account_name = cmuid_hdr.split("/", 1)[0]
+    elif original is not None and original.publisher is not None:
+        account_name = original.publisher.username
+    if not account_name:
+        raise not_found("original message")
+    target = Topic.objects.filter(account__username_key=account_name.casefold()).first()
+    if target is None:
+        raise not_found("original publisher")
+    return target, original
+
+
+def _stored_headers(req: PublishRequest, now: datetime) -> list[tuple[str, str]]:
+    """The header as stored: as sent, with Created filled in when missing; a reply's Smuid and
+    Cmuid (naming the message it answers) are kept as X-Reply-Smuid / X-Reply-Cmuid."""
+    headers: list[tuple[str, str]] = []
+    for name, value in req.message.headers:
+        if name == "Smuid":
+            headers.append(("X-Reply-Smuid", value))
+        elif name == "Cmuid":
+            headers.append(("X-Reply-Cmuid", value))
+        else:
+            headers.append((name, value))
+    if req.message.get("Created") is None:
+        headers.insert(0, ("Created", format_datetime(now)))
+    return headers
+
+
+def _prepare(snapshot: AccessSnapshot, req: PublishRequest, now: datetime) -> tuple[Topic, Message,
+                                                                                     list]:
+    msg = req.message
+    original = None
+    if req.kind == "REPLY":
+        topic, original = _reply_target(snapshot, req)
+    else:
+        found = topic_service.find(req.topic)
+        if found is None or found.state != Topic.State.ACTIVE or not snapshot.can_see(found):
+            raise not_found("topic")
+        topic = found.resolved()
+        if topic.state != Topic.State.ACTIVE:
+            raise not_found("topic")
+        if not snapshot.allows(found, Right.PUBLISH):
+            raise unauthorized(f"no publish right on {found.path}")
+    params = _effective(topic)
+    size = sum(len(s.body) for s in msg.sections)
+    limit = params["max_message_size"]
+    if limit is not None and size > limit:
+        raise too_large(f"message of {size} bytes; {topic.path} takes at most {limit}")
+    timeout_hdr = msg.get("Timeout")
+    timeout = parse_timeout(timeout_hdr) if timeout_hdr else params["expiry_timeout"]
+    priority = msg.get("Priority")
+    sequence = msg.get("Sequence")
+    created = msg.get("Created")
+    row = Message(
+        topic=topic,
+        publisher_id=req.account_id,
+        publisher_guid=req.guid,
+        cmuid=req.cmuid[:200],
+        name=(msg.get("Name") or "")[:128],
+        priority=parse_int(priority, minimum=1) if priority else None,
+        created=parse_datetime(created) if created else now,
+        timeout=timeout,
+        depth=parse_int(msg.get("Depth") or "0", minimum=-1),
+        sequence=parse_int(sequence, minimum=1) if sequence else None,
+        receipt=parse_bool(msg.get("Receipt") or "NO"),
+        reply=parse_bool(msg.get("Reply") or "NO"),
+        in_reply_to=original,
+        headers=_stored_headers(req, now),
+        size=size,
+        received=now,
+    )
+    sections = [
+        DataSection(
+            position=i,
+            content_type=(s.content_type or "")[:255],
+            content_length=len(s.body),
+            content_encoding=(s.get("Content-Encoding") or "")[:255],
+            headers=[list(h) for h in s.headers],
+            body=s.body,
+        )
+        for i, s in enumerate(msg.sections)
+    ]
+    return topic, row, sections
+
+
+def _subscribers(topics: list[Topic],
+                 now: datetime) -> dict[int, list[tuple[int, datetime | None]]]:
+    """For each topic id: the (account, since) of MESSAGE subscriptions covering it."""
+    wanted: dict[str, list[int]] = defaultdict(list)
+    for topic in topics:
+        for key in topic_service.covering_patterns(topic.key):
+            wanted[key].append(topic.pk)
+        for virtual in topic.virtual_topics.all():
+            for key in topic_service.covering_patterns(virtual.key):
+                wanted[key].append(topic.pk)
+    result: dict[int, list[tuple[int, datetime | None]]] = defaultdict(list)
+    rows = Subscription.objects.filter(
+        resource=Subscription.Resource.MESSAGE, pattern_key__in=list(wanted)
+    ).values_list("pattern_key", "account_id", "since")
+    for key, account_id, since in rows:
+        for topic_id in wanted[key]:
+            result[topic_id].append((account_id, since))
+    return result
+
+
+def publish_batch(requests: list[PublishRequest],
+                  snapshots: dict[int, AccessSnapshot] | None = None
+                  ) -> list[Published | ServiceError]:
+    """Store a group of publishes in one transaction. Each request gets its ``Published`` or
+    the ServiceError that refused it; the refused ones store nothing."""
+    now = timezone.now()
+    snapshots = snapshots if snapshots is not None else {}
+    accounts = {a.pk: a for a in Account.objects.filter(
+        pk__in={r.account_id for r in requests if r.account_id not in snapshots})}
+    results: list[Published | ServiceError | None] = [None] * len(requests)
+    prepared: list[tuple[int, Topic, Message, list[DataSection]]] = []
+    for i, req in enumerate(requests):
+        try:
+            snap = snapshots.get(req.account_id)
+            if snap is None:
+                snap = snapshots[req.account_id] = AccessSnapshot(accounts[req.account_id])
+            topic, row, sections = _prepare(snap, req, now)
+            prepared.append((i, topic, row, sections))
+        except ServiceError as exc:
+            results[i] = exc
+        except (ValueError, KeyError) as exc:
+            results[i] = ServiceError(400, f"Bad request ({exc})")
+    with transaction.atomic():
+        prepared = _apply_queue_limits(prepared, results)
+        rows = [row for _, _, row, _ in prepared]
+        Message.objects.bulk_create(rows)
+        section_rows = []
+        for _, _, row, sections in prepared:
+            for s in sections:
+                s.message_id = row.pk
+                section_rows.append(s)
+        DataSection.objects.bulk_create(section_rows)
+        topics = {t.pk: t for _, t, _, _ in prepared}
+        subs = _subscribers(list(topics.values()), now)
+        deliveries: list[Delivery] = []
+        expire_now: list[int] = []
+        for i, topic, row, _ in prepared:
+            candidates = [a for a, since in subs.get(topic.pk, ()) if since is None or since <= now]
+            allowed = _may_receive(candidates, topic, snapshots)
+            if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
+                allowed = [_pick_queue_consumer(topic, allowed, row.pk)]
+            deliveries.extend(Delivery(account_id=a, message_id=row.pk) for a in allowed)
+            if not allowed:
+                expire_now.append(row.pk)
+            publisher = snapshots[requests[i].account_id].account.username
+            cmuid_hdr = f"{publisher}/{requests[i].guid}/{row.cmuid}"
+            results[i] = Published(
+                smuid=row.pk, topic_id=topic.pk, topic_path=topic.path,
+                priority=row.priority or NO_PRIORITY, accounts=allowed,
+                payload=(topic.path, cmuid_hdr,
+                         codec.Message(list(row.headers), requests[i].message.sections)))
+        Delivery.objects.bulk_create(deliveries)
+        _start_timeouts(expire_now, now)
+        UsageEvent.objects.bulk_create([
+            UsageEvent(kind=UsageEvent.Kind.PUBLISH, account=snapshots[requests[i].account_id]
+                       .account.username, topic=topic.path, smuid=row.pk, bytes=row.size,
+                       peer=requests[i].peer)
+            for i, topic, row, _ in prepared
+        ])
+    return results  # type: ignore[return-value]
+
+
+def _apply_queue_limits(prepared, results):
+    """Refuse (414) what would take a topic over its max message count or queue bytes."""
+    by_topic: dict[int, list] = defaultdict(list)
+    for item in prepared:
+        by_topic[item[1].pk].append(item)
+    kept = []
+    for topic_id, items in by_topic.items():
+        params = _effective(items[0][1])
+        max_count, max_bytes = params["max_message_count"], params["max_queue_bytes"]
+        if max_count is None and max_bytes is None:
+            kept.extend(items)
+            continue
+        agg = Message.objects.filter(topic_id=topic_id, state=Message.State.PENDING).aggregate(
+            n=Count("pk"), b=Sum("size"))
+        count, size = agg["n"] or 0, agg["b"] or 0
+        for item in items:
+            row = item[2]
+            if max_count is not None and count + 1 > max_count:
+                results[item[0]] = too_large(f"queue holds its maximum of {max_count} messages")
+            elif max_bytes is not None and size + row.size > max_bytes:
+                results[item[0]] = too_large(f"queue holds its maximum of {max_bytes} bytes")
+            else:
+                count, size = count + 1, size + row.size
+                kept.append(item)
+    kept.sort(key=lambda item: item[0])  # keep publish order (smuids grow in arrival order)
+    return kept
+
+
+def _may_receive(account_ids: list[int], topic: Topic,
+                 snapshots: dict[int, AccessSnapshot]) -> list[int]:
+    missing = [a for a in set(account_ids) if a not in snapshots]
+    for account in Account.objects.filter(pk__in=missing):
+        snapshots[account.pk] = AccessSnapshot(account)
+    return sorted({a for a in account_ids
+                   if a in snapshots and snapshots[a].allows(topic, Right.SUBSCRIBE)})
+
+
+def _pick_queue_consumer(topic: Topic, accounts: list[int], smuid: int) -> int:
+    """Queue mode: each message to exactly one subscribing account, in turn."""
+    return accounts[smuid % len(accounts)]
+
+
+def _start_timeouts(message_ids: list[int], now: datetime) -> None:
+    """The timeout of these messages starts now: set their expiry (none for state
+    messages, whose timeout is negative)."""
+    if not message_ids:
+        return
+    for timeout, ids in _group_by_timeout(message_ids).items():
+        if timeout is None or timeout < 0:
+            continue
+        Message.objects.filter(pk__in=ids, expires__isnull=True).update(
+            expires=now + timedelta(seconds=timeout))
+
+
+def _group_by_timeout(message_ids: list[int]) -> dict[int | None, list[int]]:
+    groups: dict[int | None, list[int]] = defaultdict(list)
+    for pk, timeout in Message.objects.filter(pk__in=message_ids).values_list("pk", "timeout"):
+        groups[timeout].append(pk)
+    return groups
+
+
+# ----------------------------------------------------------------------------------- ack
+
+
+@dataclass
+class AckRequest:
+    account_id: int
+    smuid: int
+    attempts: int = 1
+
+
+def ack_batch(acks: list[AckRequest]) -> None:
+    """Record ACKs in one transaction: the deliveries become ACKed (once per account, ever);
+    messages whose every publish-time subscriber has now ACKed start their timeout; a
+    receipt goes to the publisher at the first ACK when asked for."""
+    if not acks:
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        cond = Q()
+        for ack in acks:
+            cond |= Q(account_id=ack.account_id, message_id=ack.smuid)
+        newly = list(Delivery.objects.filter(cond).exclude(state=Delivery.State.ACKED)
+                     .values_list("pk", "account_id", "message_id"))
+        Delivery.objects.filter(pk__in=[pk for pk, _, _ in newly]).update(
+            state=Delivery.State.ACKED, acked=now, last_attempt=now)
+        # A subscriber that arrived later and ACKs a message it got from the backlog.
+        known = {(a, m) for _, a, m in newly}
+        existing = set(Delivery.objects.filter(cond).values_list("account_id", "message_id"))
+        Delivery.objects.bulk_create([
+            Delivery(account_id=ack.account_id, message_id=ack.smuid, state=Delivery.State.ACKED,
+                     acked=now, attempts=ack.attempts, last_attempt=now)
+            for ack in acks if (ack.account_id, ack.smuid) not in existing | known
+        ], ignore_conflicts=True)
+        message_ids = sorted({ack.smuid for ack in acks})
+        finish_messages(message_ids, now)
+        _send_receipts([m for _, _, m in newly], now)
+        names = dict(Account.objects.filter(pk__in={a.account_id for a in acks})
+                     .values_list("pk", "username"))
+        UsageEvent.objects.bulk_create([
+            UsageEvent(kind=UsageEvent.Kind.ACK, account=names.get(a.account_id, ""),
+                       smuid=a.smuid) for a in acks
+        ])
+
+
+def finish_messages(message_ids: list[int], now: datetime) -> None:
+    """Messages with no delivery still open start their timeout; those with dead
+    deliveries and none open go to Trash (for audit) at once."""
+    if not message_ids:
+        return
+    open_ids = set(Delivery.objects.filter(
+        message_id__in=message_ids,
+        state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
+    ).values_list("message_id", flat=True))
+    done = [m for m in message_ids if m not in open_ids]
+    dead = set(Delivery.objects.filter(message_id__in=done, state=Delivery.State.DEAD)
+               .values_list("message_id", flat=True))
+    if dead:
+        Message.objects.filter(pk__in=dead, state=Message.State.PENDING).update(
+            state=Message.State.TRASH, trashed=now)
+    _start_timeouts([m for m in done if m not in dead], now)
+
+
+def _send_receipts(message_ids: list[int], now: datetime) -> None:
+    """Receipt: YES → at the first ACK, a receipt message on the publisher's account topic."""
+    wanting = Message.objects.filter(pk__in=message_ids, receipt=True).select_related(
+        "publisher", "topic")
+    for original in wanting:
+        acked = Delivery.objects.filter(message=original, state=Delivery.State.ACKED).count()
+        if acked != 1 or original.publisher is None:  # only the first ACK sends one
+            continue
+        target = Topic.objects.filter(account=original.publisher).first()
+        if target is None:
+            continue
+        host = settings.SMQP_SERVER_CONTEXT
+        body = f"delivered {host}/{original.pk} on {original.topic.path}".encode()
+        receipt = Message.objects.create(
+            topic=target, publisher=None, cmuid=f"receipt-{original.pk}", name="Receipt",
+            created=now, received=now, timeout=_effective(target)["expiry_timeout"],
+            in_reply_to=original, size=len(body),
+            headers=[("Created", format_datetime(now)), ("Name", "Receipt"),
+                     ("X-Receipt-Smuid", f"{host}/{original.pk}"),
+                     ("X-Receipt-Cmuid", original.cmuid)],
+        )
+        DataSection.objects.create(message=receipt, position=0, content_type="text/plain",
+                                   content_length=len(body), headers=[["Content-Type",
+                                                                       "text/plain"]],
+                                   body=body)
+        receivers = _subscribers([target], now).get(target.pk, [])
+        Delivery.objects.bulk_create([Delivery(account_id=a, message=receipt)
+                                      for a, _ in receivers])
+        if not receivers:
+            _start_timeouts([receipt.pk], now)
+        transaction.on_commit(lambda r=receipt, t=target, a=[a for a, _ in receivers]:
+                              _wake_after_commit(r, t, a))
+
+
+def _wake_after_commit(message: Message, topic: Topic, accounts: list[int]) -> None:
+    from broker import delivery
+
+    delivery.wake_from_sync(
+        [Published(message.pk, topic.pk, topic.path, NO_PRIORITY, accounts)])
+
+
+def retry_policy(topic_path: str) -> tuple[int, int]:
+    """(retry timeout in seconds, max retries) in effect on a topic."""
+    topic = topic_service.find(topic_path)
+    params = _effective(topic.resolved()) if topic else settings.SMQP_QUEUE_DEFAULTS
+    return int(params["retry_timeout"] or 30), int(params["max_retries"] or 0)
+
+
+def mark_dead(pairs: list[tuple[int, int]]) -> None:
+    """These (account, smuid) deliveries used up their retries: dead for that account."""
+    now = timezone.now()
+    with transaction.atomic():
+        for account_id, smuid in pairs:
+            updated = Delivery.objects.filter(account_id=account_id, message_id=smuid).exclude(
+                state=Delivery.State.ACKED).update(state=Delivery.State.DEAD, last_attempt=now)
+            if not updated and not Delivery.objects.filter(
+                    account_id=account_id, message_id=smuid).exists():
+                Delivery.objects.create(account_id=account_id, message_id=smuid,
+                                        state=Delivery.State.DEAD, last_attempt=now)
+        finish_messages(sorted({m for _, m in pairs}), now)
+        UsageEvent.objects.bulk_create([
+            UsageEvent(kind=UsageEvent.Kind.DEAD, smuid=m, detail={"account_id": a})
+            for a, m in pairs])
+
+
+# ------------------------------------------------------------------------- reading messages
+
+
+def load_for_delivery(message_ids: list[int]) -> dict[int, tuple[str, str, codec.Message]]:
+    """smuid → (topic path, Cmuid header, codec message) for NOTIFY and GET."""
+    rows = Message.objects.filter(pk__in=message_ids).select_related("topic", "publisher")
+    sections: dict[int, list[DataSection]] = defaultdict(list)
+    for s in DataSection.objects.filter(message_id__in=message_ids).order_by("message", "position"):
+        sections[s.message_id].append(s)
+    out = {}
+    for row in rows:
+        publisher = row.publisher.username if row.publisher else "system"
+        cmuid = f"{publisher}/{row.publisher_guid or publisher}/{row.cmuid}"
+        msg = codec.Message(
+            headers=[tuple(h) for h in row.headers],
+            sections=[codec.DataSection(headers=[tuple(h) for h in s.headers],
+                                        body=bytes(s.body)) for s in sections[row.pk]],
+        )
+        out[row.pk] = (row.topic.path, cmuid, msg)
+    return out
+
+
+def backlog(account_id: int, limit: int = 10_000) -> list[tuple[int, int]]:
+    """(priority, smuid) of messages waiting for the account: not yet ACKed by it, still
+    pending and not expired, in the order they must go (priority, then publish order)."""
+    now = timezone.now()
+    rows = Delivery.objects.filter(
+        account_id=account_id,
+        state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
+        message__state=Message.State.PENDING,
+    ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).values_list(
+        "message__priority", "message_id")[:limit]
+    return sorted(((p or NO_PRIORITY), m) for p, m in rows)
+
+
+def subscribe_backlog(account_id: int, topics: list[Topic], since: datetime | None) -> list[int]:
+    """A new MESSAGE subscription: messages still held on these topics (published after
+    ``since``, not expired) that the account never got become pending deliveries for it."""
+    now = timezone.now()
+    qs = Message.objects.filter(
+        topic_id__in=[t.resolved().pk for t in topics], state=Message.State.PENDING,
+    ).filter(Q(expires__isnull=True) | Q(expires__gt=now)).exclude(
+        deliveries__account_id=account_id)
+    if since is not None:
+        qs = qs.filter(received__gte=since)
+    ids = list(qs.order_by("pk").values_list("pk", flat=True)[:10_000])
+    Delivery.objects.bulk_create([Delivery(account_id=account_id, message_id=m) for m in ids],
+                                 ignore_conflicts=True)
+    return ids
+
+
+def get_messages(snapshot: AccessSnapshot, path: str,
+                 smuids: SmuidSet) -> list[tuple[str, int, str, codec.Message]]:
+    """GET MESSAGE: messages of the topic (or of its Trash) by smuid list; ``*`` for all."""
+    base, trash = topic_service.split_trash(path)
+    topic = topic_service.get_visible(snapshot, base)
+    if not snapshot.allows(topic, Right.SUBSCRIBE):
+        raise unauthorized(f"no subscribe right on {topic.path}")
+    real = topic.resolved()
+    qs = Message.objects.filter(topic=real).exclude(state=Message.State.DELETED)
+    qs = qs.filter(state=Message.State.TRASH) if trash else qs
+    if not smuids.all:
+        cond = Q()
+        for lo, hi in smuids.ranges:
+            cond |= Q(pk__gte=lo, pk__lte=hi)
+        qs = qs.filter(cond)
+    ids = list(qs.order_by("pk").values_list("pk", flat=True)[:1000])
+    loaded = load_for_delivery(ids)
+    return [(loaded[i][0], i, loaded[i][1], loaded[i][2]) for i in ids if i in loaded]
+
+
+@transaction.atomic
+def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
+    """REPUBLISH MESSAGE: bring a message back from Trash to its topic's current
+    subscribers. Sequenced and deleted messages cannot be (406)."""
+    base, _ = topic_service.split_trash(path)
+    topic = topic_service.get_visible(snapshot, base)
+    if not snapshot.allows(topic, Right.PUBLISH):
+        raise unauthorized(f"no publish right on {topic.path}")
+    real = topic.resolved()
+    message = Message.objects.select_for_update().filter(pk=smuid, topic=real).first()
+    if message is None or message.state == Message.State.DELETED:
+        raise ServiceError(406, "Not acceptable (message not found)")
+    if message.sequence is not None:
+        raise ServiceError(406, "Not acceptable (sequenced messages cannot be republished)")
+    if message.state != Message.State.TRASH:
+        raise ServiceError(406, "Not acceptable (message is not in Trash)")
+    now = timezone.now()
+    Delivery.objects.filter(message=message).delete()
+    subs = _subscribers([real], now).get(real.pk, [])
+    snapshots: dict[int, AccessSnapshot] = {}
+    allowed = _may_receive([a for a, _ in subs], real, snapshots)
+    Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
+    Message.objects.filter(pk=message.pk).update(state=Message.State.PENDING, trashed=None,
+                                                 expires=None)
+    if not allowed:
+        _start_timeouts([message.pk], now)
+    UsageEvent.objects.create(kind=UsageEvent.Kind.REPUBLISH, account=snapshot.account.username,
+                              topic=real.path, smuid=message.pk, bytes=message.size)
+    return Published(message.pk, real.pk, real.path, message.priority or NO_PRIORITY, allowed)
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+def expire_messages(now: datetime | None = None, limit: int = 10_000) -> int:
+    """Messages whose timeout ran out move to their topic's Trash."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        ids = list(Message.objects.filter(state=Message.State.PENDING, expires__lte=now)
+                   .order_by("pk").values_list("pk", flat=True)[:limit])
+        Message.objects.filter(pk__in=ids).update(state=Message.State.TRASH, trashed=now)
+        UsageEvent.objects.bulk_create([UsageEvent(kind=UsageEvent.Kind.EXPIRE, smuid=m)
+                                        for m in ids])
+    return len(ids)
+
+
+def purge_trash(retention_seconds: int, now: datetime | None = None) -> int:
+    """Trash older than the retention period is deleted for good."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=retention_seconds)
+    with transaction.atomic():
+        ids = list(Message.objects.filter(state=Message.State.TRASH, trashed__lte=cutoff)
+                   .values_list("pk", flat=True)[:10_000])
+        Message.objects.filter(pk__in=ids).delete()
+    return len(ids)
