@@ -112,9 +112,13 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------------------------
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600)}
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Persistent: Channels closes connections older than this around every database call, and
+    # reopening SQLite (with its PRAGMAs) costs more than most commands.
+    DATABASES["default"]["CONN_MAX_AGE"] = None
     DATABASES["default"]["OPTIONS"] = {
         # WAL lets readers run beside the one writer; synchronous=FULL keeps a committed
         # publish on disk before the publisher hears 200. IMMEDIATE takes the write lock at
@@ -180,6 +184,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("SMQP_CELERY_QUEUE", "smqp")
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "expire-messages": {
         "task": "broker.expire_messages",

@@ -1,0 +1,62 @@
+"""``python -m bench [BENCHMARK] [options]``: run a benchmark (default: ``commands``).
+
+Examples::
+
+    python -m bench                                   # commands benchmark, sqlite then postgres
+    python -m bench commands --seconds 10 --db both
+    python -m bench commands --db postgres --clients 50 --pipeline 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from . import smqp_load
+from .isolated import BrokerSetupError
+
+#: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
+#: docstring whose first line is the help text. Add further benchmarks here.
+BENCHMARKS: dict[str, ModuleType] = {
+    "commands": smqp_load,
+}
+DEFAULT = "commands"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="SMQP broker benchmarks. Each starts an isolated broker of its own and "
+                    "prints measured figures (and writes them to bench/results/).",
+    )
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    for name, module in BENCHMARKS.items():
+        doc = (module.__doc__ or "").strip().splitlines()
+        summary = doc[0] if doc else name
+        bench_parser = sub.add_parser(name, help=summary, description=summary)
+        module.add_arguments(bench_parser)
+        main: Callable[[argparse.Namespace], int] = module.main
+        bench_parser.set_defaults(func=main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The benchmark name is optional: `python -m bench --seconds 5` runs the default one.
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv.insert(0, DEFAULT)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokerSetupError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
