@@ -409,3 +409,45 @@ def test_listener_log_is_clean(broker):
     assert broker.alive()
     assert "Traceback" not in broker.log(), broker.log()[-3000:]
     assert os.path.exists(broker.log_path)
+
+
+def test_set_notify_port_sends_notifications_to_the_clients_listener(broker):
+    import socket as s
+
+    listener = s.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(10)
+    port = listener.getsockname()[1]
+    with session(broker, "bob") as bob, session(broker) as pub:
+        assert pub.command("CREATE TOPIC /m/np").code == 200
+        assert bob.command("SUB MESSAGE /m/np").code == 200
+        assert bob.command(f"SET NOTIFY PORT {port}").lines == ["OK"]
+        channel, (peer, _) = listener.accept()  # connected before the reply came
+        assert peer == "127.0.0.1"
+        channel.settimeout(10)
+        smuid = smuid_of(pub.publish("/m/np", "NP1"))
+        data = b""
+        while not data.endswith(b"\r\n.\r\n"):
+            data += channel.recv(65536)
+        assert data.startswith(b"NOTIFY MESSAGE /m/np\r\n")
+        assert b"/%d\r\n" % smuid in data
+        assert bob.quiet(0.5)  # nothing on the session connection itself
+        channel.sendall(b"310 ACK\r\n")
+        assert channel.recv(100) == b"310 ACK\r\n"
+        # Nothing is listening on the old port any more: 408, and the session stays usable.
+        listener.close()
+        channel.close()
+        dead = s.socket()
+        dead.bind(("127.0.0.1", 0))
+        free = dead.getsockname()[1]
+        dead.close()
+        assert bob.command(f"SET NOTIFY PORT {free}").code == 408
+        assert bob.command("NOOP").lines == ["OK"]
+        # With the listener gone, notifications come back to the session.
+        smuid2 = smuid_of(pub.publish("/m/np", "NP2"))
+        note = bob.message()
+        assert header(note, "Smuid").endswith(f"/{smuid2}")
+        bob.ack()
+        assert bob.command("SET NOTIFY PORT 0").code == 400
+        bob.command("UNSUB *")

@@ -439,12 +439,6 @@ def test_scram_garbage_is_refused_cleanly(tree):
         assert cmd(c, "NOOP") == ["200 OK"]
 
 
-def test_notify_port_is_not_yet_offered(tree):
-    # SET NOTIFY PORT belongs to the message delivery work (issue 4).
-    with client(tree) as c:
-        assert cmd(c, "SET NOTIFY PORT 7210") == ["501 Not implemented"]
-
-
 def test_server_still_healthy(tree):
     assert tree.alive()
     assert "Traceback" not in tree.log()

@@ -91,6 +91,9 @@ class SMQPConsumer(AsyncConsumer):
         self._pump_task: asyncio.Task | None = None
         # Publishes handed to the dispatcher whose replies are still to be written, in order.
         self._outstanding: deque[tuple[asyncio.Future, str]] = deque()
+        # SET NOTIFY PORT: the connection notifications go to instead of this one.
+        self._notify_writer: asyncio.StreamWriter | None = None
+        self._notify_task: asyncio.Task | None = None
         self.closing = False
         self._out = bytearray()
         self._loop = asyncio.get_running_loop()
@@ -107,7 +110,10 @@ class SMQPConsumer(AsyncConsumer):
         await self._process()
 
     async def smqp_shutdown(self, event: dict) -> None:
-        await self._write(serialize_notify_server_bye(int(event.get("grace", 0))))
+        bye = serialize_notify_server_bye(int(event.get("grace", 0)))
+        if self._notify_writer is not None:
+            await self._notify(bye)
+        await self._write(bye)
 
     async def smqp_notify(self, event: dict) -> None:
         """A notification for this account from the services (any process)."""
@@ -126,7 +132,7 @@ class SMQPConsumer(AsyncConsumer):
             if len(self._held) < MAX_HELD_NOTIFICATIONS:
                 self._held.append(data)
             return
-        await self._write(data)
+        await self._notify(data)
 
     async def smqp_disconnect(self, event: dict) -> None:
         if self._watchdog is not None:
@@ -137,6 +143,7 @@ class SMQPConsumer(AsyncConsumer):
             self.dispatcher.unregister(self)
         if self._pump_task is not None:
             self._pump_task.cancel()
+        self._close_notify_channel()
         for future, _ in self._outstanding:
             # The peer is gone; the publish itself still completes (and is kept).
             future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
@@ -456,8 +463,9 @@ class SMQPConsumer(AsyncConsumer):
         self.suspended = False
         self.reply(200, "OK")
         held, self._held = self._held, []
-        for data in held:
-            self._out += data
+        if held:
+            await self.flush()
+            await self._notify(b"".join(held))
         self._kick()
 
     # ------------------------------------------------------------------------ publishing
@@ -535,11 +543,8 @@ class SMQPConsumer(AsyncConsumer):
     async def _send_notify(self) -> None:
         smuid, (topic, cmuid, msg) = self.inflight, self._inflight_payload
         self._attempts += 1
-        data = serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg)
-        if self._out:  # replies already due go first; never split one
-            data = bytes(self._out) + data
-            self._out.clear()
-        await self._write(data)
+        await self._notify(
+            serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg))
         retry_timeout, max_retries = await self.dispatcher.retry_policy(topic)
         if self.inflight == smuid:
             if self._retry is not None:
@@ -563,10 +568,19 @@ class SMQPConsumer(AsyncConsumer):
         await self._pump()
 
     async def cmd_ack(self, cmd: c.Ack) -> None:
-        smuid = self.inflight
-        if smuid is None:
+        if not await self._record_ack():
             self.reply(400, "Bad request (no message is waiting for 310 ACK)")
             return
+        self.reply(310, "ACK")
+        await self.flush()
+        self._kick()
+
+    async def _record_ack(self) -> bool:
+        """The client's 310 ACK for the message in flight: recorded (group commit) before the
+        server's own 310 ACK goes out. False when nothing was waiting for one."""
+        smuid = self.inflight
+        if smuid is None:
+            return False
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
@@ -576,6 +590,72 @@ class SMQPConsumer(AsyncConsumer):
             if other is not self:
                 other.forget(smuid)
         self.inflight = self._inflight_payload = None
-        self.reply(310, "ACK")
-        await self.flush()
-        self._kick()
+        return True
+
+    # ------------------------------------------------------------------ SET NOTIFY PORT
+
+    async def cmd_set_notify_port(self, cmd: c.SetNotifyPort) -> None:
+        """Connect back to the client's own address on ``port`` before replying (408 when
+        that fails); from then on notifications go there, and 310 ACKs are read there."""
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.peer_host, cmd.port),
+                settings.SMQP_NOTIFY_CONNECT_TIMEOUT)
+        except (TimeoutError, OSError):
+            self.reply(408, f"Request timeout (cannot connect to port {cmd.port})")
+            return
+        self._close_notify_channel()
+        self._notify_writer = writer
+        self._notify_task = asyncio.ensure_future(self._read_notify_channel(reader, writer))
+        self.reply(200, "OK")
+
+    async def _read_notify_channel(self, reader: asyncio.StreamReader,
+                                   writer: asyncio.StreamWriter) -> None:
+        try:
+            while not self.closing:
+                line = await reader.readline()
+                if not line:
+                    break
+                text = line.strip().upper()
+                if not text:
+                    continue
+                if text == b"310 ACK" and await self._record_ack():
+                    writer.write(b"310 ACK\r\n")
+                    self._kick()
+                elif text == b"310 ACK":
+                    writer.write(b"400 Bad request (no message is waiting for 310 ACK)\r\n")
+                else:
+                    writer.write(b"400 Bad request (only 310 ACK is read on this connection)\r\n")
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if self._notify_writer is writer:
+                # The client's listener went away: notifications return to the session.
+                self._notify_writer = None
+                self._kick()
+            writer.close()
+
+    def _close_notify_channel(self) -> None:
+        if self._notify_writer is not None:
+            self._notify_writer.close()
+            self._notify_writer = None
+        if self._notify_task is not None:
+            self._notify_task.cancel()
+            self._notify_task = None
+
+    async def _notify(self, data: bytes) -> None:
+        """Write a notification: to the SET NOTIFY PORT connection when there is one."""
+        writer = self._notify_writer
+        if writer is None:
+            if self._out:  # replies already due go first; never split one
+                data = bytes(self._out) + data
+                self._out.clear()
+            await self._write(data)
+            return
+        self._last_activity = self._loop.time()
+        try:
+            writer.write(data)
+            await writer.drain()
+        except (ConnectionError, OSError):
+            self._close_notify_channel()
