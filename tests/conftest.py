@@ -21,6 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("SMQP_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_topic_tree():
+    """Test transactions roll back without commit hooks: start each test from the database."""
+    from topics import tree
+
+    tree.reset()
+    yield
+    tree.reset()
+
+
 @dataclass
 class BrokerProcess:
     """A running ``runsmqp`` and the environment it was started with."""

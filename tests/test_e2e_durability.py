@@ -37,6 +37,8 @@ d = Topic.objects.create(path='/d')
 Topic.objects.create(path='/d/exp', parent=d)
 UALEntry.objects.create(topic=d, principal_kind='account',
                         account=Account.objects.get(username='bob'), right='subscribe')
+from topics import tree
+tree.changed()
 """
 
 

@@ -36,6 +36,8 @@ for name in ['bob', 'alice', 'jtegen']:
     a = Account.objects.get(username=name)
     for right in ['subscribe', 'publish', 'reply']:
         UALEntry.objects.create(topic=m, principal_kind='account', account=a, right=right)
+from topics import tree
+tree.changed()  # the update() calls above send no signals
 """
 
 

@@ -29,7 +29,9 @@ from broker.smqp.values import (
     parse_smuid_header,
     parse_timeout,
 )
+from topics import tree as topic_tree
 from topics.models import Topic
+from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot
 
@@ -77,14 +79,20 @@ def _header(msg: codec.Message, name: str) -> str | None:
     return msg.get(name)
 
 
-def _effective(topic: Topic) -> dict[str, int | None]:
-    return {name: value for name, (value, _) in topic.effective_parameters().items()}
+def _effective(topic: Topic | Node) -> dict[str, int | None]:
+    """Queue parameters in effect on a topic (from the in-memory tree)."""
+    tree = topic_tree.tree()
+    found = tree.by_id.get(topic.pk)
+    if found is None:  # created in this very transaction: not in any tree yet
+        return {name: value for name, (value, _) in Topic.objects.get(
+            pk=topic.pk).effective_parameters().items()}
+    return tree.effective(found)
 
 
 def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic, Message | None]:
     """PUB REPLY goes to the original publisher's account topic; the reply right is needed
     on the topic the original message was received from."""
-    topic = topic_service.find(req.topic)
+    topic = topic_service.node(req.topic)
     if topic is None or not snapshot.can_see(topic):
         raise not_found("topic")
     if not snapshot.allows(topic, Right.REPLY):
@@ -131,7 +139,7 @@ def _prepare(snapshot: AccessSnapshot, req: PublishRequest, now: datetime) -> tu
     if req.kind == "REPLY":
         topic, original = _reply_target(snapshot, req)
     else:
-        found = topic_service.find(req.topic)
+        found = topic_service.node(req.topic)
         if found is None or found.state != Topic.State.ACTIVE or not snapshot.can_see(found):
             raise not_found("topic")
         topic = found.resolved()
@@ -150,7 +158,7 @@ def _prepare(snapshot: AccessSnapshot, req: PublishRequest, now: datetime) -> tu
     sequence = msg.get("Sequence")
     created = msg.get("Created")
     row = Message(
-        topic=topic,
+        topic_id=topic.pk,
         publisher_id=req.account_id,
         publisher_guid=req.guid,
         cmuid=req.cmuid[:200],
@@ -181,15 +189,18 @@ def _prepare(snapshot: AccessSnapshot, req: PublishRequest, now: datetime) -> tu
     return topic, row, sections
 
 
-def _subscribers(topics: list[Topic],
+def _subscribers(topics: list[Topic | Node],
                  now: datetime) -> dict[int, list[tuple[int, datetime | None]]]:
-    """For each topic id: the (account, since) of MESSAGE subscriptions covering it."""
+    """For each topic id: the (account, since) of MESSAGE subscriptions covering it, by its
+    own name or the name of a virtual topic linking to it."""
+    tree = topic_tree.tree()
     wanted: dict[str, list[int]] = defaultdict(list)
     for topic in topics:
         for key in topic_service.covering_patterns(topic.key):
             wanted[key].append(topic.pk)
-        for virtual in topic.virtual_topics.all():
-            for key in topic_service.covering_patterns(virtual.key):
+        known = tree.by_id.get(topic.pk)
+        for virtual_id in known.virtual_ids if known is not None else ():
+            for key in topic_service.covering_patterns(tree.by_id[virtual_id].key):
                 wanted[key].append(topic.pk)
     result: dict[int, list[tuple[int, datetime | None]]] = defaultdict(list)
     rows = Subscription.objects.filter(
@@ -429,7 +440,7 @@ def _wake_after_commit(message: Message, topic: Topic, accounts: list[int]) -> N
 
 def retry_policy(topic_path: str) -> tuple[int, int]:
     """(retry timeout in seconds, max retries) in effect on a topic."""
-    topic = topic_service.find(topic_path)
+    topic = topic_service.node(topic_path)
     params = _effective(topic.resolved()) if topic else settings.SMQP_QUEUE_DEFAULTS
     return int(params["retry_timeout"] or 30), int(params["max_retries"] or 0)
 
@@ -506,11 +517,11 @@ def get_messages(snapshot: AccessSnapshot, path: str,
                  smuids: SmuidSet) -> list[tuple[str, int, str, codec.Message]]:
     """GET MESSAGE: messages of the topic (or of its Trash) by smuid list; ``*`` for all."""
     base, trash = topic_service.split_trash(path)
-    topic = topic_service.get_visible(snapshot, base)
+    topic = topic_service.visible_node(snapshot, base)
     if not snapshot.allows(topic, Right.SUBSCRIBE):
         raise unauthorized(f"no subscribe right on {topic.path}")
     real = topic.resolved()
-    qs = Message.objects.filter(topic=real).exclude(state=Message.State.DELETED)
+    qs = Message.objects.filter(topic_id=real.pk).exclude(state=Message.State.DELETED)
     qs = qs.filter(state=Message.State.TRASH) if trash else qs
     if not smuids.all:
         cond = Q()
@@ -527,11 +538,11 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     """REPUBLISH MESSAGE: bring a message back from Trash to its topic's current
     subscribers. Sequenced and deleted messages cannot be (406)."""
     base, _ = topic_service.split_trash(path)
-    topic = topic_service.get_visible(snapshot, base)
+    topic = topic_service.visible_node(snapshot, base)
     if not snapshot.allows(topic, Right.PUBLISH):
         raise unauthorized(f"no publish right on {topic.path}")
     real = topic.resolved()
-    message = Message.objects.select_for_update().filter(pk=smuid, topic=real).first()
+    message = Message.objects.select_for_update().filter(pk=smuid, topic_id=real.pk).first()
     if message is None or message.state == Message.State.DELETED:
         raise ServiceError(406, "Not acceptable (message not found)")
     if message.sequence is not None:

@@ -53,13 +53,13 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     if pattern.wildcard:
         matched = topic_service._matching(snapshot, pattern)
     else:
-        matched = [topic_service.get_visible(snapshot, pattern.base)]
+        matched = [topic_service.visible_node(snapshot, pattern.base)]
     if resource == R.MESSAGE:
         if not pattern.wildcard:
             if not snapshot.allows(matched[0], Right.SUBSCRIBE):
                 raise unauthorized(f"no subscribe right on {matched[0].path}")
         else:
-            base = topic_service.find(pattern.base)
+            base = topic_service.node(pattern.base)
             if base is not None and not snapshot.allows(base, Right.SUBSCRIBE):
                 # Below the base, only topics the account may subscribe to are covered.
                 matched = [t for t in matched if snapshot.allows(t, Right.SUBSCRIBE)]

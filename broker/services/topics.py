@@ -17,7 +17,9 @@ from accounts.models import Account
 from broker.models import Message, Subscription
 from broker.smqp.values import TopicPattern
 from topics import paths
+from topics import tree as topic_tree
 from topics.models import Topic, TopicKeyword
+from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, level_keys
 
@@ -34,8 +36,22 @@ def find(path: str) -> Topic | None:
     return Topic.objects.select_related("link").filter(key=paths.path_key(path)).first()
 
 
-def _live(qs):
-    return qs.filter(state=Topic.State.ACTIVE)
+def node(path: str) -> Node | None:
+    """The topic at ``path`` from the in-memory tree (no query)."""
+    return topic_tree.tree().find(paths.path_key(path))
+
+
+def visible_node(snapshot: AccessSnapshot, path: str) -> Node:
+    """Like :func:`get_visible`, from the in-memory tree: 404 for missing, hidden or
+    removing topics."""
+    found = node(path)
+    if found is None or found.state != Topic.State.ACTIVE or not snapshot.can_see(found):
+        raise not_found("topic")
+    return found
+
+
+def _active(nodes):
+    return [n for n in nodes if n.state == Topic.State.ACTIVE]
 
 
 def get_visible(snapshot: AccessSnapshot, path: str, *, include_removing: bool = False) -> Topic:
@@ -61,29 +77,27 @@ def _descendants(base_key: str):
     return Topic.objects.filter(key__startswith=base_key.rstrip("/") + "/")
 
 
-def _matching(snapshot: AccessSnapshot, pattern: TopicPattern) -> list[Topic]:
+def _matching(snapshot: AccessSnapshot, pattern: TopicPattern) -> list[Node]:
     """Visible, active topics a pattern names: the topic itself, or every descendant."""
+    tree = topic_tree.tree()
     if pattern.wildcard:
         if pattern.base in ("", "/"):
-            qs = Topic.objects.all()
+            topics = [tree.by_key[k] for k in tree.sorted_keys]
         else:
-            get_visible(snapshot, pattern.base)
-            qs = _descendants(paths.path_key(pattern.base))
-        topics = list(_live(qs).select_related("link").order_by("key"))
-        return [t for t in topics if snapshot.can_see(t)]
-    return [get_visible(snapshot, pattern.base)]
+            visible_node(snapshot, pattern.base)
+            topics = tree.descendants(paths.path_key(pattern.base))
+        return [t for t in _active(topics) if snapshot.can_see(t)]
+    return [visible_node(snapshot, pattern.base)]
 
 
 # ------------------------------------------------------------------------------- COUNT/LIST
 
 
-def children(snapshot: AccessSnapshot, path: str) -> list[Topic]:
+def children(snapshot: AccessSnapshot, path: str) -> list[Node]:
     """LIST TOPIC: the visible children of ``path`` (``/``: the first-level topics)."""
-    if path == "/":
-        qs = Topic.objects.filter(parent__isnull=True)
-    else:
-        qs = get_visible(snapshot, path).children.all()
-    return [t for t in _live(qs).select_related("link").order_by("key") if snapshot.can_see(t)]
+    parent_id = None if path == "/" else visible_node(snapshot, path).pk
+    kids = topic_tree.tree().children.get(parent_id, [])
+    return [t for t in _active(kids) if snapshot.can_see(t)]
 
 
 def count_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
@@ -93,7 +107,7 @@ def count_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
     return len(_matching(snapshot, pattern))
 
 
-def _message_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> tuple[list[Topic], bool]:
+def _message_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> tuple[list[Node], bool]:
     base, trash = split_trash(pattern.base) if not pattern.wildcard else (pattern.base, False)
     topics = _matching(snapshot, TopicPattern(base, pattern.wildcard))
     real = {t.resolved().pk: t.resolved() for t in topics}
@@ -121,7 +135,7 @@ def list_messages(snapshot: AccessSnapshot, path: str) -> list[int]:
     _require(snapshot, topics[0], Right.SUBSCRIBE)
     state = Message.State.TRASH if trash else Message.State.PENDING
     return list(
-        Message.objects.filter(topic=topics[0], state=state).order_by("pk")
+        Message.objects.filter(topic_id=topics[0].pk, state=state).order_by("pk")
         .values_list("pk", flat=True)
     )
 
@@ -194,6 +208,7 @@ def _set_keywords(topic: Topic, keywords: tuple[str, ...]) -> None:
             rows.append(TopicKeyword(topic=topic, keyword=kw, key=kw.casefold(),
                                      position=len(rows)))
     TopicKeyword.objects.bulk_create(rows)
+    topic_tree.changed()  # bulk_create sends no signals
 
 
 def _topic_watchers(topic_key: str) -> set[int]:
@@ -272,6 +287,7 @@ def remove_topic(snapshot: AccessSnapshot, path: str) -> int:
     links = Topic.objects.filter(link_id__in=subtree_ids).exclude(pk__in=subtree_ids)
     affected = list(subtree) + list(links)
     Topic.objects.filter(pk__in=[t.pk for t in affected]).update(state=Topic.State.REMOVING)
+    topic_tree.changed()  # update() sends no signals
     pending = Message.objects.filter(
         topic_id__in=subtree_ids, state=Message.State.PENDING).count()
     for t in affected:
@@ -354,25 +370,19 @@ def keywords_of(topic: Topic) -> list[str]:
 
 
 def get_keywords(snapshot: AccessSnapshot, path: str) -> list[str]:
-    return keywords_of(get_visible(snapshot, path))
+    return list(visible_node(snapshot, path).keywords)
 
 
 def find_topics(snapshot: AccessSnapshot, pattern: TopicPattern,
-                keywords: tuple[str, ...] | None) -> list[tuple[Topic, list[str]]]:
+                keywords: tuple[str, ...] | None) -> list[tuple[Node, list[str]]]:
     """FIND TOPIC: the topic (or with a wildcard every topic below it) whose keywords match:
     each query keyword must be a case-insensitive substring of one of the topic's keywords."""
-    topics = _matching(snapshot, pattern)
-    kw_rows = TopicKeyword.objects.filter(topic__in=topics).order_by("topic", "position")
-    by_topic: dict[int, list[str]] = {}
-    for row in kw_rows:
-        by_topic.setdefault(row.topic_id, []).append(row.keyword)
     wanted = [k.casefold() for k in keywords or ()]
     found = []
-    for topic in topics:
-        kws = by_topic.get(topic.pk, [])
-        folded = [k.casefold() for k in kws]
+    for topic in _matching(snapshot, pattern):
+        folded = [k.casefold() for k in topic.keywords]
         if all(any(w in k for k in folded) for w in wanted):
-            found.append((topic, kws))
+            found.append((topic, list(topic.keywords)))
     return found
 
 
