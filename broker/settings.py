@@ -191,6 +191,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "schedule": env_int("SMQP_EXPIRY_SWEEP_SECONDS", 5),
     },
     "purge-trash": {"task": "broker.purge_trash", "schedule": 3600},
+    "requeue-queue-deliveries": {
+        "task": "broker.requeue_queue_deliveries",
+        "schedule": env_int("SMQP_REQUEUE_SWEEP_SECONDS", 5),
+    },
     "finalize-topic-removals": {
         "task": "broker.finalize_topic_removals",
         "schedule": env_int("SMQP_REMOVAL_SWEEP_SECONDS", 30),

@@ -29,3 +29,11 @@ def purge_trash() -> int:
     from broker.services import messages as message_service
 
     return message_service.purge_trash(settings.SMQP_TRASH_RETENTION)
+
+
+@shared_task(name="broker.requeue_queue_deliveries")
+def requeue_queue_deliveries() -> int:
+    """Queue mode: move messages not ACKed in time to the next subscriber, or to Trash."""
+    from broker.services import messages as message_service
+
+    return message_service.requeue_stale_queue_deliveries()

@@ -274,3 +274,39 @@ def test_removed_topic_is_deleted_only_when_its_queue_is_empty():
     Message.objects.filter(pk=msg.pk).update(state=Message.State.TRASH)
     assert finalize_topic_removals() == 2
     assert topic_service.find("/q") is None and topic_service.find("/q/child") is None
+
+
+def test_queue_mode_moves_unacked_messages_on_then_to_trash():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from broker.models import Delivery, Message, Subscription
+    from broker.services import messages as message_service
+    from broker.smqp.message import DataSection
+    from broker.smqp.message import Message as Wire
+    from broker.tasks import requeue_queue_deliveries
+
+    root = make_account("root", is_superuser=True)
+    bob, alice = make_account("bob"), make_account("alice")
+    q = make_topic("/work", delivery_mode="queue", retry_timeout=10, max_retries=2)
+    for who in (bob, alice):
+        UALEntry.objects.create(topic=q, principal_kind="account", account=who,
+                                right="subscribe")
+        Subscription.objects.create(account=who, resource="MESSAGE", pattern="/work")
+    [published] = message_service.publish_batch([message_service.PublishRequest(
+        account_id=root.pk, guid="root0001", kind="MESSAGE", topic="/work", cmuid="J1",
+        message=Wire([], [DataSection([("Content-Type", "text/plain")], b"job")]))])
+    assert len(published.accounts) == 1  # exactly one subscriber holds it
+    first = published.accounts[0]
+    assert requeue_queue_deliveries() == 0  # not stale yet
+    later = timezone.now() + timedelta(seconds=11)
+    assert message_service.requeue_stale_queue_deliveries(later) == 1
+    holder = Delivery.objects.get(message_id=published.smuid)
+    assert holder.account_id != first and holder.attempts == 1
+    assert message_service.requeue_stale_queue_deliveries(later + timedelta(seconds=11)) == 1
+    assert Delivery.objects.get(message_id=published.smuid).account_id == first
+    # The third time round, max retries (2) are spent: dead, and the message goes to Trash.
+    assert message_service.requeue_stale_queue_deliveries(later + timedelta(seconds=22)) == 1
+    assert Delivery.objects.get(message_id=published.smuid).state == "dead"
+    assert Message.objects.get(pk=published.smuid).state == "trash"

@@ -587,3 +587,51 @@ def purge_trash(retention_seconds: int, now: datetime | None = None) -> int:
                    .values_list("pk", flat=True)[:10_000])
         Message.objects.filter(pk__in=ids).delete()
     return len(ids)
+
+
+def requeue_stale_queue_deliveries(now: datetime | None = None) -> int:
+    """Queue mode: a message not ACKed within its topic's retry timeout goes to the next
+    subscribing account; after the topic's max retries it is dead (Trash, for audit).
+    Returns how many deliveries moved or died."""
+    now = now or timezone.now()
+    tree = topic_tree.tree()
+    queue_topics = [n for n in tree.by_id.values()
+                    if n.delivery_mode == Topic.DeliveryMode.QUEUE and n.link_id is None]
+    moved: list[Published] = []
+    dead: list[tuple[int, int]] = []
+    touched = 0
+    for topic in queue_topics:
+        params = tree.effective(topic)
+        cutoff = now - timedelta(seconds=int(params["retry_timeout"] or 30))
+        stale = list(Delivery.objects.filter(
+            message__topic_id=topic.pk, message__state=Message.State.PENDING,
+            state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
+        ).filter(Q(last_attempt__lte=cutoff) | Q(last_attempt__isnull=True, created__lte=cutoff))
+            .select_related("message")[:1000])
+        if not stale:
+            continue
+        subscribers = sorted({a for a, since in _subscribers([topic], now).get(topic.pk, [])
+                              if since is None or since <= now})
+        snapshots: dict[int, AccessSnapshot] = {}
+        subscribers = _may_receive(subscribers, topic, snapshots)
+        for delivery in stale:
+            touched += 1
+            attempts = delivery.attempts + 1
+            if attempts > int(params["max_retries"] or 0) or not subscribers:
+                dead.append((delivery.account_id, delivery.message_id))
+                continue
+            later = [a for a in subscribers if a > delivery.account_id]
+            target = later[0] if later else subscribers[0]
+            with transaction.atomic():
+                Delivery.objects.filter(pk=delivery.pk).update(
+                    account_id=target, attempts=attempts, last_attempt=now,
+                    state=Delivery.State.PENDING)
+            moved.append(Published(delivery.message_id, topic.pk, topic.path,
+                                   delivery.message.priority or NO_PRIORITY, [target]))
+    if dead:
+        mark_dead(dead)
+    if moved:
+        from broker import delivery as dispatch
+
+        dispatch.wake_from_sync(moved)
+    return touched
