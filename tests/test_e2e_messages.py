@@ -200,22 +200,29 @@ def test_wildcard_subscription_covers_topics_created_later(broker):
 
 
 def test_since_time_in_past_and_future(broker):
+    from datetime import UTC, datetime, timedelta
+
+    from broker.smqp.values import format_datetime
+
     with session(broker) as pub:
         old = smuid_of(pub.publish("/m/since", "old"))
-        time.sleep(1.1)
+        time.sleep(0.3)
+        stamp = format_datetime(datetime.now(UTC))  # between the two publishes
+        time.sleep(0.3)
         new = smuid_of(pub.publish("/m/since", "new"))
     with session(broker, "jtegen") as j:
-        stamp = time.strftime("D%m%d%YT%H%M%S00Z", time.gmtime(time.time() - 0.6))
-        assert j.command(f"SUB MESSAGE /m/since {stamp}").code == 200
-        note = j.message()
-        assert header(note, "Smuid").endswith(f"/{new}")
-        j.ack()
-        assert j.quiet(1.0)
-        assert j.command("UNSUB MESSAGE /m/since").code == 200
-        future = time.strftime("D%m%d%YT%H%M%S00Z", time.gmtime(time.time() + 3600))
-        assert j.command(f"SUB MESSAGE /m/since {future}").code == 200
-        assert j.quiet(1.0)
-        j.command("UNSUB MESSAGE /m/since")
+        try:
+            assert j.command(f"SUB MESSAGE /m/since {stamp}").code == 200
+            note = j.message()
+            assert header(note, "Smuid").endswith(f"/{new}")
+            j.ack()
+            assert j.quiet(1.0)
+            assert j.command("UNSUB MESSAGE /m/since").code == 200
+            future = format_datetime(datetime.now(UTC) + timedelta(hours=1))
+            assert j.command(f"SUB MESSAGE /m/since {future}").code == 200
+            assert j.quiet(1.0)
+        finally:
+            j.command("UNSUB *")
     assert old < new
 
 
