@@ -105,7 +105,9 @@ class _Connection:
                 await self.inbox.put({"type": "smqp.receive", "bytes": data})
         except (ConnectionError, OSError):
             pass
-        self.closed = True
+        # The peer has finished sending (EOF, maybe only a half-close) or is gone. The
+        # transport stays open: replies to what it sent are still written, then the
+        # application's end closes it (run()).
         await self.inbox.put({"type": "smqp.disconnect"})
 
 

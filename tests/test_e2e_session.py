@@ -152,6 +152,24 @@ def test_pipelined_commands_answered_in_order(broker_server):
         assert c.read_reply() == [b"200 OK\r\n"]
 
 
+def test_half_close_gets_every_reply_then_a_close(broker_server):
+    """A client that pipelines commands and then shuts down its sending side (EOF) still
+    reads the greeting and every reply, and then the server closes the connection."""
+    s = socket.create_connection((broker_server.host, broker_server.port), timeout=10)
+    try:
+        s.sendall(b"NOOP\r\nLOGIN bob CLEAR/1.0\r\nPASS bob pw\r\nNOOP\r\n")
+        s.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := s.recv(65536):  # a server that never closes fails with TimeoutError
+            received += chunk
+    finally:
+        s.close()
+    lines = received.split(b"\r\n")
+    assert lines[0].startswith(b"SMQP/1.0 Ready. "), received
+    assert lines[1:4] == [b"200 OK", b"200 OK", b"200-OK"], received
+    assert lines[-2:] == [b"200 OK", b""], received
+
+
 def test_garbage_bytes_get_clear_errors_and_session_survives(broker_server):
     rnd = __import__("random").Random(1234)
     garbage = bytes(rnd.randrange(256) for _ in range(20_000)).replace(b"\n", b"") + b"\r\n"
