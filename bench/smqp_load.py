@@ -145,6 +145,7 @@ class LoadResult:
     login_seconds: float = 0.0
     loadgen_cpu_seconds: float = 0.0
     server_cpu_seconds: float | None = None
+    idle_held: int = 0  # --idle sessions open through the run that answered NOOP at its end
 
     @property
     def total_unexpected(self) -> int:
@@ -215,10 +216,21 @@ async def _connect(host: str, port: int, index: int) -> SMQPClient:
 
 
 async def run_load(host: str, port: int, *, clients: int, seconds: float, warmup: float,
-                   pipeline: int, shape: TreeShape, seed_value: int,
+                   pipeline: int, shape: TreeShape, seed_value: int, idle: int = 0,
                    server_cpu: Callable[[], float | None] | None = None) -> LoadResult:
-    """Drive ``clients`` concurrent sessions for ``warmup + seconds`` and measure."""
+    """Drive ``clients`` concurrent sessions for ``warmup + seconds`` and measure, with
+    ``idle`` more logged-in sessions held open and silent all the while."""
     result = LoadResult()
+    idlers: list[SMQPClient] = []
+    for first in range(0, idle, 100):  # in waves, so logins do not time out
+        opened = await asyncio.gather(
+            *(_connect(host, port, i % clients) for i in range(first, min(first + 100, idle))),
+            return_exceptions=True)
+        for item in opened:
+            if isinstance(item, SMQPClient):
+                idlers.append(item)
+            else:
+                result.client_failures.append(f"idle session connect/login: {item!r}")
     t0 = time.perf_counter()
     connected = await asyncio.gather(*(_connect(host, port, i) for i in range(clients)),
                                      return_exceptions=True)
@@ -261,7 +273,18 @@ async def run_load(host: str, port: int, *, clients: int, seconds: float, warmup
     result.loadgen_cpu_seconds = end_cpu - (marks.get("cpu") or end_cpu)
     if end_server is not None and marks.get("server") is not None:
         result.server_cpu_seconds = end_server - marks["server"]  # type: ignore[operator]
-    await asyncio.gather(*(c.quit() for c in sessions), return_exceptions=True)
+    if idlers:
+        async def still_there(client: SMQPClient) -> bool:
+            reply = await asyncio.wait_for(client.command("NOOP"), REPLY_TIMEOUT)
+            return reply.ok
+
+        answered = await asyncio.gather(*(still_there(c) for c in idlers),
+                                        return_exceptions=True)
+        result.idle_held = sum(1 for a in answered if a is True)
+        if result.idle_held < idle:
+            result.client_failures.append(
+                f"{idle - result.idle_held} of {idle} idle sessions lost or silent")
+    await asyncio.gather(*(c.quit() for c in [*sessions, *idlers]), return_exceptions=True)
     return result
 
 
@@ -283,6 +306,8 @@ def run_record(backend: str, args: argparse.Namespace, result: LoadResult,
         "backend": backend,
         "clients": args.clients,
         "clients_connected": result.clients_connected,
+        "idle_sessions": args.idle,
+        "idle_sessions_held": result.idle_held,
         "pipeline": args.pipeline,
         "seconds": args.seconds,
         "warmup": args.warmup,
@@ -314,8 +339,10 @@ def _num(value: float | None) -> float:
 
 def print_run(run: dict[str, Any]) -> None:
     """The per-command table and the headline figures of one backend."""
+    idle = (f", {run['idle_sessions_held']}/{run['idle_sessions']} idle sessions held"
+            if run.get("idle_sessions") else "")
     title = (f"SMQP commands benchmark, backend {run['backend']}: {run['clients_connected']}/"
-             f"{run['clients']} clients, pipeline {run['pipeline']}, "
+             f"{run['clients']} clients{idle}, pipeline {run['pipeline']}, "
              f"{run['elapsed']:.2f} s measured after {run['warmup']:g} s warm-up")
     rows = []
     for kind, s in run["per_type"].items():
@@ -369,6 +396,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="database backend(s) to run on (default both)")
     parser.add_argument("--pipeline", type=int, default=1, metavar="K",
                         help="commands each client keeps in flight (default 1)")
+    parser.add_argument("--idle", type=int, default=0, metavar="N",
+                        help="hold N more logged-in sessions open and silent during the run")
     parser.add_argument("--topics", type=int, default=20, help="first-level topics (20)")
     parser.add_argument("--children", type=int, default=10, help="children per topic (10)")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the command mix")
@@ -402,7 +431,7 @@ def main(args: argparse.Namespace) -> int:
             result = asyncio.run(run_load(
                 broker.host, broker.port, clients=args.clients, seconds=args.seconds,
                 warmup=args.warmup, pipeline=args.pipeline, shape=shape,
-                seed_value=args.seed, server_cpu=broker.cpu_seconds,
+                seed_value=args.seed, idle=args.idle, server_cpu=broker.cpu_seconds,
             ))
             if not broker.alive():
                 result.client_failures.append("runsmqp exited during the run")

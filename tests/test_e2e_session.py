@@ -4,6 +4,7 @@ robustness against garbage, huge lines, silent clients and clients that vanish m
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import socket
@@ -301,3 +302,45 @@ def test_repeated_failures_are_refused(database_urls, tmp_path):
         assert timings[3] >= 0.9
     finally:
         stop_listener(broker)
+
+
+IDLE_SESSIONS = 1000
+
+
+async def _idle_session(host: str, port: int) -> tuple[asyncio.StreamReader,
+                                                         asyncio.StreamWriter]:
+    """A connection logged in as bob, its login reply read to the end."""
+    reader, writer = await asyncio.open_connection(host, port)
+    assert GREETING.match(await reader.readline())
+    writer.write(b"LOGIN bob CLEAR/1.0\r\nPASS bob pw\r\n")
+    assert await reader.readline() == b"200 OK\r\n"
+    while (line := await reader.readline()).startswith(b"200-"):
+        pass
+    assert line.startswith(b"200 Guid: "), line
+    return reader, writer
+
+
+async def test_a_thousand_idle_sessions_are_held_and_all_still_answered(broker_server):
+    """Issue 3: 1,000 concurrent logged-in sessions that say nothing; meanwhile a new session
+    is served, and afterwards every idle one still answers NOOP. (How promptly is a figure
+    of ``make bench``: ``python -m bench commands --idle 1000``.)"""
+    host, port = broker_server.host, broker_server.port
+    sessions: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(IDLE_SESSIONS // 100):
+            sessions += await asyncio.wait_for(asyncio.gather(
+                *(_idle_session(host, port) for _ in range(100))), 60)
+        reader, writer = await asyncio.wait_for(_idle_session(host, port), 30)
+        for _ in range(20):
+            writer.write(b"NOOP\r\n")
+            assert await asyncio.wait_for(reader.readline(), 30) == b"200 OK\r\n"
+        writer.close()
+        for _, w in sessions:
+            w.write(b"NOOP\r\n")
+        replies = await asyncio.wait_for(
+            asyncio.gather(*(r.readline() for r, _ in sessions)), 60)
+        assert replies == [b"200 OK\r\n"] * IDLE_SESSIONS
+    finally:
+        for _, w in sessions:
+            w.close()
+    assert broker_server.alive()
