@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 
 def check(account: Account, topic: Topic, right: str) -> bool:
-    """May ``account`` exercise ``right`` on ``topic``? See :mod:`ual.resolution`."""
-    from .resolution import decide
+    """May ``account`` exercise ``right`` on ``topic``? Decided from the account's cached
+    access snapshot (:func:`ual.resolution.snapshot_for`); see :mod:`ual.resolution`."""
+    from .resolution import snapshot_for
 
-    return decide(account, topic, right).allowed
+    return snapshot_for(account).allows(topic, right)

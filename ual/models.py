@@ -110,3 +110,59 @@ class UALEntry(models.Model):
             raise ValidationError({"group": "Only group entries name a group."})
         if kind == PrincipalKind.GROUP and self.account_id:
             raise ValidationError({"account": "Group entries name no account."})
+
+
+class AuditQuerySet(models.QuerySet):
+    """Audit rows are written once and never changed, not even in bulk."""
+
+    def update(self, **kwargs):
+        raise PermissionError("the UAL audit log is append-only")
+
+    def delete(self):
+        raise PermissionError("the UAL audit log is append-only")
+
+    def bulk_update(self, *args, **kwargs):
+        raise PermissionError("the UAL audit log is append-only")
+
+
+class UALAuditLog(models.Model):
+    """One change of one UAL entry: who made it, when, and the entry before and after.
+
+    Written by :mod:`ual.signals` in the transaction that made the change; never changed or
+    deleted afterwards (the admin shows it read-only, the model refuses)."""
+
+    class Action(models.TextChoices):
+        CREATED = "created", "created"
+        CHANGED = "changed", "changed"
+        DELETED = "deleted", "deleted"
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(
+        max_length=150,
+        db_index=True,
+        help_text='The admin user, "manage.py grant", or "system" (any other code path).',
+    )
+    action = models.CharField(max_length=16, choices=Action.choices)
+    entry_id = models.BigIntegerField("entry id", db_index=True)
+    topic = models.CharField(max_length=1024, help_text="The topic's path at the time.")
+    summary = models.CharField(max_length=2000)
+    before = models.JSONField(null=True, blank=True, help_text="The entry before the change.")
+    after = models.JSONField(null=True, blank=True, help_text="The entry after the change.")
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "UAL audit log entry"
+        verbose_name_plural = "UAL audit log entries"
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action}: {self.summary}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise PermissionError("the UAL audit log is append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("the UAL audit log is append-only")

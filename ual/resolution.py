@@ -10,13 +10,27 @@ decided as the real topic it stands for.
 The levels of a topic are the prefixes of its case-folded path, so one query loads every entry
 that can concern an account (an :class:`AccessSnapshot`) and any number of topics are then
 decided in memory.
+
+Snapshots are cached per process (:func:`snapshot_for`). Every change that can alter a decision
+(a UAL entry, an account's flags or groups, a topic's name or link: see :mod:`ual.signals`)
+bumps a "UAL generation" counter kept in the shared Django cache (Redis) once its transaction
+has committed. Each process reads that counter at most every :data:`GENERATION_POLL_SECONDS`
+and drops all its snapshots when it has changed, so a change reaches every process within
+about half a second, and the publish path asks the database nothing per message.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.core.cache import cache
+from django.db import transaction
 from django.db.models import Q
 
 from .models import Effect, PrincipalKind, Right, UALEntry
@@ -123,6 +137,195 @@ class AccessSnapshot:
         return False
 
 
+    def matching(self, level: str, right: str) -> list[tuple[str, int, str]]:
+        """The (effect, entry id, principal kind) of the entries at ``level`` (a case-folded
+        topic key) that concern this account for ``right``."""
+        return list(self.table.get((level, right), ()))
+
+
+# ------------------------------------------------------------------------ per-process cache
+
+logger = logging.getLogger("ual")
+
+GENERATION_KEY = "ual:generation"
+# How often a process asks the shared cache whether anything changed. A change is seen
+# everywhere at most this long (plus one round trip) after its transaction committed.
+GENERATION_POLL_SECONDS = 0.5
+
+# The clock is a module attribute so that tests can drive the poll interval.
+_clock: Callable[[], float] = time.monotonic
+
+
+class _SnapshotCache:
+    """This process's snapshots, keyed by account id, valid for one generation.
+
+    Services run in worker threads (asgiref's thread-sensitive executor, Celery, Daphne's
+    sync views), so every read and write of the table holds the lock. Snapshots are built
+    outside the lock: a database query never blocks other threads' cache hits.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.snapshots: dict[int, AccessSnapshot] = {}
+        # The generation the snapshots belong to; None: not known (not read yet, or the
+        # shared cache is unreachable, in which case nothing is cached).
+        self.generation: int | None = None
+        self.checked_at = float("-inf")
+        # Counts local invalidations, so that a snapshot built while one happened is not
+        # stored (it may have read the database before the change).
+        self.epoch = 0
+        self._unknown = 0
+
+    def poll(self) -> int:
+        """The current generation, read from the shared cache at most every poll interval;
+        drops every snapshot when it changed."""
+        now = _clock()
+        with self.lock:
+            if now - self.checked_at < GENERATION_POLL_SECONDS and self.generation is not None:
+                return self.generation
+        try:
+            seen = _read_generation()
+        except Exception:  # the shared cache is down: decide from the database every time
+            logger.warning("UAL generation unreadable; access snapshots are not cached",
+                           exc_info=True)
+            with self.lock:
+                self._drop()
+                self.generation = None
+                self.checked_at = now
+                self._unknown += 1
+                return -self._unknown
+        with self.lock:
+            if seen != self.generation:
+                self._drop()
+                self.generation = seen
+            self.checked_at = now
+            return seen
+
+    def get(self, account_id: int, stale: Account | None = None) -> AccessSnapshot:
+        """The snapshot of the account with id ``account_id``; on a miss it is built from
+        the account as stored (``stale``, if given, stands in for a deleted account)."""
+        generation = self.poll()
+        with self.lock:
+            found = self.snapshots.get(account_id)
+            if found is not None and self.generation == generation:
+                return found
+            epoch = self.epoch
+        snapshot = AccessSnapshot(_fresh_account(account_id, stale))
+        if _sees_uncommitted_change():
+            return snapshot  # it may hold what a rollback undoes: use it, do not keep it
+        with self.lock:
+            if self.epoch == epoch and self.generation == generation:
+                snapshot = self.snapshots.setdefault(account_id, snapshot)
+        return snapshot
+
+    def invalidate(self) -> None:
+        """Forget every snapshot now and read the generation again on the next use."""
+        with self.lock:
+            self._drop()
+            self.checked_at = float("-inf")
+
+    def _drop(self) -> None:
+        self.snapshots.clear()
+        self.epoch += 1
+
+
+def _read_generation() -> int:
+    value = cache.get(GENERATION_KEY)
+    if value is None:
+        # First use (or the shared cache lost it): start from a number no process can have
+        # seen before, so that a reset never looks like "nothing changed".
+        cache.add(GENERATION_KEY, time.time_ns() // 1000, timeout=None)
+        value = cache.get(GENERATION_KEY)
+    return int(value)
+
+
+_DIRTY = "ual_changed_in_transaction"
+
+
+def _sees_uncommitted_change() -> bool:
+    """Has this thread's connection changed access data in the transaction still open?"""
+    connection = transaction.get_connection()
+    if not connection.in_atomic_block:
+        setattr(connection, _DIRTY, False)
+        return False
+    return getattr(connection, _DIRTY, False)
+
+
+def _fresh_account(account_id: int, stale: Account | None) -> Account:
+    """The account as stored now (its flags may have changed since the caller loaded it).
+    A deleted account is decided as a disabled one."""
+    from accounts.models import Account
+
+    fresh = Account.objects.filter(pk=account_id).first()
+    if fresh is None:
+        fresh = copy.copy(stale) if stale is not None else Account(pk=account_id)
+        fresh.is_active = False
+    return fresh
+
+
+_cache = _SnapshotCache()
+
+
+def snapshot_for(account: Account) -> AccessSnapshot:
+    """The cached :class:`AccessSnapshot` of ``account`` for the current UAL generation.
+
+    Built from the account as stored (not the possibly stale object passed in) on the first
+    use after any change; shared by every thread of the process; never mutated by callers.
+    """
+    return _cache.get(account.pk, account)
+
+
+def snapshot_for_id(account_id: int) -> AccessSnapshot:
+    """:func:`snapshot_for` by account id: no query at all while the snapshot is cached (the
+    publish path knows only the publisher's id)."""
+    return _cache.get(account_id)
+
+
+def current_generation() -> int:
+    """The UAL generation this process works with (read from the shared cache at most every
+    :data:`GENERATION_POLL_SECONDS`). A decision remembered together with the generation it
+    was made in stays valid while this returns the same number. While the shared cache is
+    unreachable every call returns a new (negative) number, so nothing is remembered."""
+    return _cache.poll()
+
+
+def invalidate_local() -> None:
+    """Drop this process's snapshots at once (other processes follow on the generation)."""
+    _cache.invalidate()
+
+
+def bump_generation() -> None:
+    """Tell every process that UAL decisions may have changed: increment the shared
+    generation and drop this process's snapshots. Call it after the change committed (see
+    :func:`changed`)."""
+    try:
+        try:
+            cache.incr(GENERATION_KEY)
+        except ValueError:  # missing: create it, or someone else just did
+            if not cache.add(GENERATION_KEY, time.time_ns() // 1000, timeout=None):
+                cache.incr(GENERATION_KEY)
+    except Exception:
+        logger.exception("could not bump the UAL generation; other processes may decide "
+                         "from stale access lists for a while")
+    _cache.invalidate()
+
+
+def changed(using: str | None = None) -> None:
+    """Something that decides access changed in the current transaction: drop this
+    process's snapshots now and, once the transaction commits, every process's."""
+    _cache.invalidate()
+    connection = transaction.get_connection(using)
+    if connection.in_atomic_block:
+        setattr(connection, _DIRTY, True)
+
+    def committed() -> None:
+        setattr(connection, _DIRTY, False)
+        bump_generation()
+
+    transaction.on_commit(committed, using=using)
+
+
 def decide(account: Account, topic: Topic, right: str) -> Decision:
-    """The decision and what made it, for enforcement and for the admin's explanations."""
-    return AccessSnapshot(account).decide(topic, right)
+    """The decision and what made it, for enforcement and for the admin's explanations
+    (from the account's cached snapshot)."""
+    return snapshot_for(account).decide(topic, right)

@@ -1,4 +1,8 @@
-"""``manage.py grant ACCOUNT TOPIC RIGHT[,RIGHT...]``"""
+"""``manage.py grant ACCOUNT TOPIC RIGHT[,RIGHT...]``
+
+Entries are saved and deleted one by one, so every change is audited (actor
+``"manage.py grant"``) and invalidates the cached access snapshots of every process.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from django.db import transaction
 
 from accounts.models import Account
 from broker.services import topics as topic_service
+from ual.audit import GRANT_COMMAND, acting_as
 from ual.models import Effect, PrincipalKind, Right, UALEntry
 
 
@@ -24,9 +29,12 @@ class Command(BaseCommand):
         mode.add_argument("--deny", action="store_true", help="Record denials instead.")
         mode.add_argument("--revoke", action="store_true", help="Remove the entries instead.")
 
-    @transaction.atomic
     def handle(self, *args, account: str, topic: str, rights: str, deny: bool, revoke: bool,
                **options) -> None:
+        with acting_as(GRANT_COMMAND), transaction.atomic():
+            self._handle(account, topic, rights, deny, revoke)
+
+    def _handle(self, account: str, topic: str, rights: str, deny: bool, revoke: bool) -> None:
         wanted = [r.strip().lower() for r in rights.split(",") if r.strip()]
         unknown = [r for r in wanted if r not in Right.values]
         if not wanted or unknown:
@@ -48,13 +56,17 @@ class Command(BaseCommand):
                 topic=target, principal_kind=kind, account=who, right=right
             )
             if revoke:
-                entries.delete()
+                for entry in entries:
+                    entry.delete()
                 continue
             effect = Effect.DENY if deny else Effect.ALLOW
-            updated = entries.update(effect=effect)
-            if not updated:
+            existing = entries.first()
+            if existing is None:
                 UALEntry.objects.create(
                     topic=target, principal_kind=kind, account=who, right=right, effect=effect
                 )
+            elif existing.effect != effect:
+                existing.effect = effect
+                existing.save(update_fields=["effect"])
         verb = "revoked" if revoke else ("denied" if deny else "granted")
         self.stdout.write(f"{verb} {', '.join(wanted)} on {target.path} to {who.username}")
