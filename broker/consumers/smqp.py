@@ -45,7 +45,7 @@ from broker.smqp.replies import (
     serialize_reply,
 )
 from broker.smqp.values import format_datetime, format_keywords, format_smuid_ranges, format_timeout
-from ual.resolution import AccessSnapshot
+from ual.resolution import snapshot_for
 
 logger = logging.getLogger("broker.smqp")
 
@@ -373,10 +373,11 @@ class SMQPConsumer(AsyncConsumer):
         return await database_sync_to_async(fn)(*args)
 
     async def _as_account(self, fn: Callable, *args: Any) -> Any:
-        """Run a service function with a fresh access snapshot of this account."""
+        """Run a service function with this account's access snapshot (cached per process,
+        rebuilt after any change that can alter a decision)."""
 
         def run() -> Any:
-            return fn(AccessSnapshot(self.account), *args)
+            return fn(snapshot_for(self.account), *args)
 
         return await database_sync_to_async(run)()
 
@@ -535,7 +536,8 @@ class SMQPConsumer(AsyncConsumer):
                 self._skip.discard(smuid)
                 continue
             payload = await self.dispatcher.load(smuid)
-            if payload is None:
+            if payload is None or not await self.dispatcher.deliverable(
+                    self.account_id, smuid, payload[0]):
                 continue
             self.inflight, self._inflight_payload, self._attempts = smuid, payload, 0
             await self._send_notify()

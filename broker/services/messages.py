@@ -33,7 +33,7 @@ from topics import tree as topic_tree
 from topics.models import Topic
 from topics.tree import Node
 from ual.models import Right
-from ual.resolution import AccessSnapshot
+from ual.resolution import AccessSnapshot, snapshot_for_id
 
 from . import ServiceError, not_found, unauthorized
 from . import topics as topic_service
@@ -212,22 +212,19 @@ def _subscribers(topics: list[Topic | Node],
     return result
 
 
-def publish_batch(requests: list[PublishRequest],
-                  snapshots: dict[int, AccessSnapshot] | None = None
-                  ) -> list[Published | ServiceError]:
+def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceError]:
     """Store a group of publishes in one transaction. Each request gets its ``Published`` or
-    the ServiceError that refused it; the refused ones store nothing."""
+    the ServiceError that refused it; the refused ones store nothing. Access is decided from
+    the per-process snapshot cache (:func:`ual.resolution.snapshot_for_id`): no permission
+    query per message."""
     now = timezone.now()
-    snapshots = snapshots if snapshots is not None else {}
-    accounts = {a.pk: a for a in Account.objects.filter(
-        pk__in={r.account_id for r in requests if r.account_id not in snapshots})}
     results: list[Published | ServiceError | None] = [None] * len(requests)
     prepared: list[tuple[int, Topic, Message, list[DataSection]]] = []
+    publishers: dict[int, str] = {}
     for i, req in enumerate(requests):
         try:
-            snap = snapshots.get(req.account_id)
-            if snap is None:
-                snap = snapshots[req.account_id] = AccessSnapshot(accounts[req.account_id])
+            snap = snapshot_for_id(req.account_id)
+            publishers[req.account_id] = snap.account.username
             topic, row, sections = _prepare(snap, req, now)
             prepared.append((i, topic, row, sections))
         except ServiceError as exc:
@@ -250,13 +247,13 @@ def publish_batch(requests: list[PublishRequest],
         expire_now: list[int] = []
         for i, topic, row, _ in prepared:
             candidates = [a for a, since in subs.get(topic.pk, ()) if since is None or since <= now]
-            allowed = _may_receive(candidates, topic, snapshots)
+            allowed = _may_receive(candidates, topic)
             if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
                 allowed = [_pick_queue_consumer(topic, allowed, row.pk)]
             deliveries.extend(Delivery(account_id=a, message_id=row.pk) for a in allowed)
             if not allowed:
                 expire_now.append(row.pk)
-            publisher = snapshots[requests[i].account_id].account.username
+            publisher = publishers[requests[i].account_id]
             cmuid_hdr = f"{publisher}/{requests[i].guid}/{row.cmuid}"
             results[i] = Published(
                 smuid=row.pk, topic_id=topic.pk, topic_path=topic.path,
@@ -266,8 +263,8 @@ def publish_batch(requests: list[PublishRequest],
         Delivery.objects.bulk_create(deliveries)
         _start_timeouts(expire_now, now)
         UsageEvent.objects.bulk_create([
-            UsageEvent(kind=UsageEvent.Kind.PUBLISH, account=snapshots[requests[i].account_id]
-                       .account.username, topic=topic.path, smuid=row.pk, bytes=row.size,
+            UsageEvent(kind=UsageEvent.Kind.PUBLISH, account=publishers[requests[i].account_id],
+                       topic=topic.path, smuid=row.pk, bytes=row.size,
                        peer=requests[i].peer)
             for i, topic, row, _ in prepared
         ])
@@ -302,13 +299,10 @@ def _apply_queue_limits(prepared, results):
     return kept
 
 
-def _may_receive(account_ids: list[int], topic: Topic,
-                 snapshots: dict[int, AccessSnapshot]) -> list[int]:
-    missing = [a for a in set(account_ids) if a not in snapshots]
-    for account in Account.objects.filter(pk__in=missing):
-        snapshots[account.pk] = AccessSnapshot(account)
-    return sorted({a for a in account_ids
-                   if a in snapshots and snapshots[a].allows(topic, Right.SUBSCRIBE)})
+def _may_receive(account_ids: list[int], topic: Topic) -> list[int]:
+    """The accounts among ``account_ids`` that may (still) subscribe to ``topic``, from the
+    cached access snapshots (a deleted or disabled account may not)."""
+    return sorted({a for a in account_ids if snapshot_for_id(a).allows(topic, Right.SUBSCRIBE)})
 
 
 def _pick_queue_consumer(topic: Topic, accounts: list[int], smuid: int) -> int:
@@ -445,8 +439,9 @@ def retry_policy(topic_path: str) -> tuple[int, int]:
     return int(params["retry_timeout"] or 30), int(params["max_retries"] or 0)
 
 
-def mark_dead(pairs: list[tuple[int, int]]) -> None:
-    """These (account, smuid) deliveries used up their retries: dead for that account."""
+def mark_dead(pairs: list[tuple[int, int]], reason: str = "max retries") -> None:
+    """These (account, smuid) deliveries are dead for that account: they used up their
+    retries, or (``reason``) may no longer be delivered."""
     now = timezone.now()
     with transaction.atomic():
         for account_id, smuid in pairs:
@@ -458,8 +453,28 @@ def mark_dead(pairs: list[tuple[int, int]]) -> None:
                                         state=Delivery.State.DEAD, last_attempt=now)
         finish_messages(sorted({m for _, m in pairs}), now)
         UsageEvent.objects.bulk_create([
-            UsageEvent(kind=UsageEvent.Kind.DEAD, smuid=m, detail={"account_id": a})
+            UsageEvent(kind=UsageEvent.Kind.DEAD, smuid=m,
+                       detail={"account_id": a, "reason": reason})
             for a, m in pairs])
+
+
+def deliverable(account_id: int, smuid: int) -> bool:
+    """May this message still be sent to this account? Its subscribe right on the message's
+    topic may have been revoked since the delivery was recorded (at publish, or in a backlog).
+
+    When it may not, the delivery is withdrawn: on a fan-out topic it is dead for that account
+    (so the message's timeout is not held up by it; Trash for audit once nobody else waits);
+    in queue mode it is left to :func:`requeue_stale_queue_deliveries`, which hands it to a
+    subscriber that may still receive it."""
+    topic_id = Message.objects.filter(pk=smuid).values_list("topic_id", flat=True).first()
+    if topic_id is None:
+        return False
+    topic = topic_tree.tree().by_id.get(topic_id)
+    if topic is not None and snapshot_for_id(account_id).allows(topic, Right.SUBSCRIBE):
+        return True
+    if topic is None or topic.delivery_mode != Topic.DeliveryMode.QUEUE:
+        mark_dead([(account_id, smuid)], reason="subscribe right revoked")
+    return False
 
 
 # ------------------------------------------------------------------------- reading messages
@@ -552,8 +567,7 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     now = timezone.now()
     Delivery.objects.filter(message=message).delete()
     subs = _subscribers([real], now).get(real.pk, [])
-    snapshots: dict[int, AccessSnapshot] = {}
-    allowed = _may_receive([a for a, _ in subs], real, snapshots)
+    allowed = _may_receive([a for a, _ in subs], real)
     Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
     Message.objects.filter(pk=message.pk).update(state=Message.State.PENDING, trashed=None,
                                                  expires=None)
@@ -612,8 +626,7 @@ def requeue_stale_queue_deliveries(now: datetime | None = None) -> int:
             continue
         subscribers = sorted({a for a, since in _subscribers([topic], now).get(topic.pk, [])
                               if since is None or since <= now})
-        snapshots: dict[int, AccessSnapshot] = {}
-        subscribers = _may_receive(subscribers, topic, snapshots)
+        subscribers = _may_receive(subscribers, topic)
         for delivery in stale:
             touched += 1
             attempts = delivery.attempts + 1

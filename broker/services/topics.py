@@ -21,7 +21,7 @@ from topics import tree as topic_tree
 from topics.models import Topic, TopicKeyword
 from topics.tree import Node
 from ual.models import Right
-from ual.resolution import AccessSnapshot, level_keys
+from ual.resolution import AccessSnapshot, level_keys, snapshot_for_id
 
 from . import ServiceError, conflict, not_allowed, not_found, notify, unauthorized
 
@@ -225,10 +225,7 @@ def _notify_topic(topic: Topic, action: str, value: str | None = None,
     watchers = _topic_watchers(key or topic.key)
     if not watchers:
         return
-    allowed = [
-        a.pk for a in Account.objects.filter(pk__in=watchers, is_active=True)
-        if AccessSnapshot(a).can_see(topic)
-    ]
+    allowed = [a for a in sorted(watchers) if snapshot_for_id(a).can_see(topic)]
     notify.send_after_commit(allowed, notify.topic_event(topic.path, action, value))
 
 
