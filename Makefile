@@ -15,7 +15,7 @@ export DEBIAN_FRONTEND := noninteractive
 REDIS_URL ?= redis://127.0.0.1:6379/0
 export REDIS_URL
 
-.PHONY: help run test bench lint services postgres python-deps clean
+.PHONY: help run test bench lint services postgres browser python-deps clean
 
 help:
 	@echo "make run    - set up and run the whole broker (admin :8000, SMQP :$${SMQP_PORT:-720})"
@@ -60,6 +60,10 @@ postgres:
 	  $(SUDO) pg_ctlcluster --skip-systemctl-redirect $$ver main start || true; \
 	  for i in $$(seq 100); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done; fi
 
+browser:
+	@# Headless Chromium and its driver for the admin console's browser test (Debian packages).
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { echo "installing chromium"; $(call apt_install,chromium chromium-driver); }
+
 run: services
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput -v 0
@@ -69,7 +73,7 @@ run: services
 lint: python-deps
 	$(VENV)/bin/ruff check .
 
-test: services postgres lint
+test: services postgres lint browser
 	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.
 	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc

@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
 
+from ual.admin import grant_right_on_topic
+
 from .models import Account, LoginSession
 
 
@@ -11,6 +13,7 @@ class AccountAdmin(UserAdmin):
     list_filter = ("is_remote_server", "is_superuser", "is_active", "groups")
     search_fields = ("username", "proper_name", "email")
     ordering = ("username",)
+    actions = [grant_right_on_topic]
     fieldsets = (
         (None, {"fields": ("username", "password")}),
         ("Owner", {"fields": ("proper_name", "email", "postal_address", "phone")}),
