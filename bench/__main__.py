@@ -5,6 +5,7 @@ Examples::
     python -m bench                                   # commands benchmark, sqlite then postgres
     python -m bench commands --seconds 10 --db both
     python -m bench commands --db postgres --clients 50 --pipeline 4
+    python -m bench messages --scenario all --db both    # issue 4, against RabbitMQ too
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import smqp_load
+from . import messages, smqp_load
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
 #: docstring whose first line is the help text. Add further benchmarks here.
 BENCHMARKS: dict[str, ModuleType] = {
     "commands": smqp_load,
+    "messages": messages,
 }
 DEFAULT = "commands"
 

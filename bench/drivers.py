@@ -1,0 +1,531 @@
+"""Publisher and subscriber drivers for the ``messages`` benchmark: SMQP and RabbitMQ.
+
+Both brokers are driven with the same semantics so that their figures compare:
+
+* **Publisher with confirms.** :meth:`Publisher.publish` queues one message (a token chosen by
+  the caller identifies it); :meth:`Publisher.flush` sends what was queued. The driver calls
+  ``on_confirm(token, ok, detail)`` once per message when the broker confirms it: for SMQP
+  the ``200-OK`` / ``200 <cmuid> <smuid>`` reply (sent only after the commit, profile §6),
+  for RabbitMQ a publisher-confirm ``basic.ack`` (``basic.nack`` is ``ok=False``). How many
+  messages are in flight is up to the caller (the benchmark's window ``W``).
+* **Subscriber with manual ACK, one unacknowledged message.** The driver calls
+  ``on_message(body, received_ns)`` for every delivery, then acknowledges it: SMQP answers
+  ``NOTIFY MESSAGE`` with ``310 ACK`` and the server sends the next NOTIFY only after its own
+  ``310 ACK`` (profile §6/§8); RabbitMQ consumes with ``prefetch_count=1`` and ``basic.ack``.
+* **Durable.** SMQP stores every message in its database before confirming. RabbitMQ gets a
+  durable queue and persistent messages (``delivery_mode=2``) on the default exchange.
+
+The drivers are asyncio-based and run inside one event loop each; :attr:`failure` holds the
+exception that broke a connection (the caller polls it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .client import SMQPClient, SMQPCommandError, SMQPProtocolError
+
+ConfirmCallback = Callable[[int, bool, str], None]
+MessageCallback = Callable[[bytes, int], None]
+
+REPLY_TIMEOUT = 30.0
+CONTENT_LENGTH = re.compile(rb"^content-length\s*:\s*(\d+)\s*$", re.IGNORECASE)
+
+
+def _ignore_confirm(token: int, ok: bool, detail: str) -> None:
+    return None
+
+
+def _ignore_message(body: bytes, received_ns: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class BrokerSpec:
+    """How a worker process reaches a broker (picklable).
+
+    ``kind`` is ``smqp`` or ``rabbitmq``. For SMQP, ``target`` is a topic and the accounts are
+    ``publisher_user_prefix + i`` and ``subscriber_user``; for RabbitMQ, ``target`` is a queue
+    name and ``user`` / ``password`` are the AMQP credentials.
+    """
+
+    kind: str
+    host: str
+    port: int
+    target: str
+    password: str = "pw"
+    publisher_user_prefix: str = "benchpub"
+    subscriber_user: str = "benchsub"
+    user: str = "guest"
+    vhost: str = "/"
+
+    @property
+    def label(self) -> str:
+        return self.kind
+
+
+class Publisher(ABC):
+    """A publishing connection with publisher confirms."""
+
+    def __init__(self) -> None:
+        self.on_confirm: ConfirmCallback = _ignore_confirm
+        self.failure: BaseException | None = None
+
+    @abstractmethod
+    async def connect(self) -> None:
+        """Connect, authenticate and get ready to publish."""
+
+    @abstractmethod
+    def publish(self, token: int, body: bytes) -> None:
+        """Queue one persistent message; :meth:`flush` sends it."""
+
+    @abstractmethod
+    async def flush(self) -> None:
+        """Send what :meth:`publish` queued (and apply the transport's back-pressure)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close the connection (best effort)."""
+
+
+class Subscriber(ABC):
+    """A consuming connection: manual ACK, one unacknowledged message at a time."""
+
+    def __init__(self) -> None:
+        self.on_message: MessageCallback = _ignore_message
+        self.failure: BaseException | None = None
+        #: ACKs the broker refused (SMQP: a reply other than ``310 ACK``).
+        self.ack_errors = 0
+        self.ack_error_samples: list[str] = []
+
+    @abstractmethod
+    async def connect(self) -> None:
+        """Connect, authenticate and subscribe; deliveries may start right after."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop consuming, undo the subscription where that is needed, close."""
+
+
+# ================================================================================== SMQP
+
+
+class SMQPPublisher(Publisher):
+    """``PUB MESSAGE <topic> <cmuid>`` with one ``application/octet-stream`` data section.
+
+    The cmuid is ``p<index>n<token>``; the reply's cmuid is checked against it (the server
+    answers pipelined publishes in order).
+    """
+
+    def __init__(self, spec: BrokerSpec, index: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.index = index
+        self.user = f"{spec.publisher_user_prefix}{index}"
+        self._client: SMQPClient | None = None
+        self._buffer = bytearray()
+        self._pending: deque[tuple[int, str]] = deque()
+        self._reader_task: asyncio.Task[None] | None = None
+        self._prefix = f"PUB MESSAGE {spec.target} ".encode()
+
+    async def connect(self) -> None:
+        client = await SMQPClient.connect(self.spec.host, self.spec.port)
+        self._client = client
+        await asyncio.wait_for(client.login(self.user, self.spec.password), REPLY_TIMEOUT)
+        self._reader_task = asyncio.create_task(self._read_replies())
+
+    def publish(self, token: int, body: bytes) -> None:
+        cmuid = f"p{self.index}n{token}"
+        self._buffer += b"%s%s\r\n\r\nContent-Type: application/octet-stream\r\n" \
+                        b"Content-Length: %d\r\n\r\n%s\r\n.\r\n" % (
+                            self._prefix, cmuid.encode(), len(body), body)
+        self._pending.append((token, cmuid))
+
+    async def flush(self) -> None:
+        assert self._client is not None
+        if self._buffer:
+            self._client.writer.write(bytes(self._buffer))
+            self._buffer.clear()
+        await self._client.writer.drain()
+
+    async def _read_replies(self) -> None:
+        assert self._client is not None
+        reader = self._client.reader
+        lines: list[bytes] = []
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    raise SMQPProtocolError("connection closed by the server")
+                if not lines and line.startswith(b"NOTIFY "):
+                    await self._skip_notification(reader, line)
+                    continue
+                if not lines and line in (b"\r\n", b"\n"):
+                    continue
+                lines.append(line)
+                if line[3:4] == b"-":
+                    continue  # "200-OK": the reply goes on
+                self._settle(lines)
+                lines = []
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.failure = exc
+
+    def _settle(self, lines: list[bytes]) -> None:
+        last = lines[-1].rstrip(b"\r\n").decode("utf-8", "replace")
+        if not self._pending:
+            self.failure = SMQPProtocolError(f"reply without a publish: {lines!r}")
+            return
+        token, cmuid = self._pending.popleft()
+        if last.startswith("200 ") and len(lines) == 2:
+            got = last[4:].split()
+            if len(got) == 2 and got[0] == cmuid and got[1].isdigit():
+                self.on_confirm(token, True, "")
+                return
+            self.on_confirm(token, False, f"unexpected confirm {last!r} for cmuid {cmuid}")
+            return
+        self.on_confirm(token, False, " | ".join(
+            raw.rstrip(b"\r\n").decode("utf-8", "replace") for raw in lines))
+
+    @staticmethod
+    async def _skip_notification(reader: asyncio.StreamReader, first: bytes) -> None:
+        """A publisher subscribes to nothing, but frame any notification correctly."""
+        if first.split()[1:2] == [b"MESSAGE"]:
+            raise SMQPProtocolError(f"NOTIFY MESSAGE on a publishing connection: {first!r}")
+        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+            pass
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+        if self._client is not None:
+            await self._client.close()
+
+
+class SMQPSubscriber(Subscriber):
+    """``SUB MESSAGE <topic>``; every ``NOTIFY MESSAGE`` is answered with ``310 ACK``."""
+
+    def __init__(self, spec: BrokerSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self._client: SMQPClient | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        #: ``310 ACK`` answers of the server (each ends one delivery).
+        self.acks_confirmed = 0
+
+    async def connect(self) -> None:
+        client = await SMQPClient.connect(self.spec.host, self.spec.port)
+        self._client = client
+        await asyncio.wait_for(client.login(self.spec.subscriber_user, self.spec.password),
+                               REPLY_TIMEOUT)
+        reply = await asyncio.wait_for(client.command(f"SUB MESSAGE {self.spec.target}"),
+                                       REPLY_TIMEOUT)
+        if not reply.ok:
+            raise SMQPCommandError(f"SUB MESSAGE {self.spec.target}", reply)
+        self._reader_task = asyncio.create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        assert self._client is not None
+        reader, writer = self._client.reader, self._client.writer
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    raise SMQPProtocolError("connection closed by the server")
+                if line.startswith(b"NOTIFY MESSAGE"):
+                    body = await self._read_message(reader)
+                    self.on_message(body, time.perf_counter_ns())
+                    writer.write(b"310 ACK\r\n")
+                elif line.startswith(b"310 "):
+                    self.acks_confirmed += 1
+                elif line.startswith(b"NOTIFY "):
+                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                        pass
+                elif line in (b"\r\n", b"\n"):
+                    continue
+                else:  # a reply to our 310 ACK that is not 310: the ACK was refused
+                    self.ack_errors += 1
+                    if len(self.ack_error_samples) < 5:
+                        self.ack_error_samples.append(line.decode("utf-8", "replace").strip())
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.failure = exc
+
+    @staticmethod
+    async def _read_message(reader: asyncio.StreamReader) -> bytes:
+        """The rest of a NOTIFY MESSAGE: header, data sections, ``.``; the first section's
+        data (the benchmark sends exactly one)."""
+        while (await reader.readline()) not in (b"\r\n", b"\n"):  # message header
+            pass
+        first: bytes | None = None
+        while True:
+            line = await reader.readline()
+            if line in (b".\r\n", b".\n"):
+                return first if first is not None else b""
+            if not line:
+                raise SMQPProtocolError("connection closed inside a NOTIFY MESSAGE")
+            length = None
+            while line not in (b"\r\n", b"\n"):  # data header
+                match = CONTENT_LENGTH.match(line)
+                if match:
+                    length = int(match[1])
+                line = await reader.readline()
+                if not line:
+                    raise SMQPProtocolError("connection closed inside a data header")
+            if length is None:
+                raise SMQPProtocolError("data section without Content-Length")
+            data = await reader.readexactly(length + 2)  # the data, then CRLF
+            if first is None:
+                first = data[:-2]
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+        if self._client is not None:
+            client = self._client
+            with contextlib.suppress(Exception):
+                # Subscriptions belong to the account: leave none behind. Any NOTIFY that
+                # still arrives is skipped (and so never ACKed) by read_reply.
+                await asyncio.wait_for(client.command(f"UNSUB MESSAGE {self.spec.target}"), 10)
+            await client.quit()
+
+
+# ============================================================================== RabbitMQ
+
+
+def _pika_parameters(spec: BrokerSpec) -> Any:
+    import pika
+
+    return pika.ConnectionParameters(
+        host=spec.host, port=spec.port, virtual_host=spec.vhost,
+        credentials=pika.PlainCredentials(spec.user, spec.password),
+        heartbeat=0, blocked_connection_timeout=None,
+    )
+
+
+async def _pika_open(spec: BrokerSpec, on_lost: Callable[[BaseException], None]) -> Any:
+    """An open pika ``AsyncioConnection`` and a channel on it, in the running loop."""
+    from pika.adapters.asyncio_connection import AsyncioConnection
+
+    loop = asyncio.get_running_loop()
+    opened: asyncio.Future[Any] = loop.create_future()
+
+    def on_open(connection: Any) -> None:
+        if not opened.done():
+            opened.set_result(connection)
+
+    def on_open_error(connection: Any, error: BaseException | str) -> None:
+        if not opened.done():
+            opened.set_exception(
+                error if isinstance(error, BaseException) else ConnectionError(str(error)))
+
+    def on_close(connection: Any, reason: BaseException) -> None:
+        on_lost(reason)
+
+    AsyncioConnection(_pika_parameters(spec), on_open_callback=on_open,
+                      on_open_error_callback=on_open_error, on_close_callback=on_close,
+                      custom_ioloop=loop)
+    connection = await asyncio.wait_for(opened, REPLY_TIMEOUT)
+    channel_ready: asyncio.Future[Any] = loop.create_future()
+    connection.channel(on_open_callback=channel_ready.set_result)
+    channel = await asyncio.wait_for(channel_ready, REPLY_TIMEOUT)
+    return connection, channel
+
+
+async def _pika_rpc(start: Callable[[Callable[[Any], None]], None]) -> Any:
+    """Call a pika method that takes ``callback=``; wait for its reply frame."""
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def callback(frame: Any) -> None:
+        if not done.done():
+            done.set_result(frame)
+
+    start(callback)
+    return await asyncio.wait_for(done, REPLY_TIMEOUT)
+
+
+async def _pika_close(connection: Any) -> None:
+    if connection is None or connection.is_closed:
+        return
+    with contextlib.suppress(Exception):
+        connection.close()
+        for _ in range(200):
+            if connection.is_closed:
+                break
+            await asyncio.sleep(0.01)
+
+
+class RabbitPublisher(Publisher):
+    """``basic.publish`` to the default exchange, routing key = queue, ``delivery_mode=2``,
+    on a channel in confirm mode."""
+
+    def __init__(self, spec: BrokerSpec, index: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.index = index
+        self._connection: Any = None
+        self._channel: Any = None
+        self._tags: OrderedDict[int, int] = OrderedDict()  # delivery tag -> token
+        self._next_tag = 0
+        self._properties: Any = None
+
+    def _lost(self, reason: BaseException) -> None:
+        if self.failure is None:
+            self.failure = ConnectionError(f"RabbitMQ connection closed: {reason!r}")
+
+    async def connect(self) -> None:
+        import pika
+
+        self._connection, self._channel = await _pika_open(self.spec, self._lost)
+        self._properties = pika.BasicProperties(delivery_mode=2,
+                                                content_type="application/octet-stream")
+        await _pika_rpc(lambda cb: self._channel.confirm_delivery(self._on_ack_nack,
+                                                                  callback=cb))
+
+    def publish(self, token: int, body: bytes) -> None:
+        self._channel.basic_publish(exchange="", routing_key=self.spec.target, body=body,
+                                    properties=self._properties)
+        self._next_tag += 1
+        self._tags[self._next_tag] = token
+
+    async def flush(self) -> None:
+        # pika buffers the frames and writes them when the socket is writable, i.e. as soon
+        # as this task yields to the loop; yield once so a burst leaves together.
+        await asyncio.sleep(0)
+
+    def _on_ack_nack(self, frame: Any) -> None:
+        import pika
+
+        method = frame.method
+        ok = isinstance(method, pika.spec.Basic.Ack)
+        detail = "" if ok else f"basic.nack delivery_tag={method.delivery_tag}"
+        tag = method.delivery_tag
+        if method.multiple:
+            while self._tags:
+                first = next(iter(self._tags))
+                if first > tag:
+                    break
+                self.on_confirm(self._tags.pop(first), ok, detail)
+        else:
+            token = self._tags.pop(tag, None)
+            if token is not None:
+                self.on_confirm(token, ok, detail)
+
+    async def close(self) -> None:
+        await _pika_close(self._connection)
+
+
+class RabbitSubscriber(Subscriber):
+    """``basic.qos(prefetch_count=1)`` + ``basic.consume(auto_ack=False)``; ``basic.ack``
+    after each delivery was handled."""
+
+    def __init__(self, spec: BrokerSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self._connection: Any = None
+        self._channel: Any = None
+        self.redelivered = 0
+
+    def _lost(self, reason: BaseException) -> None:
+        if self.failure is None:
+            self.failure = ConnectionError(f"RabbitMQ connection closed: {reason!r}")
+
+    async def connect(self) -> None:
+        self._connection, self._channel = await _pika_open(self.spec, self._lost)
+        await _pika_rpc(lambda cb: self._channel.basic_qos(prefetch_count=1, callback=cb))
+        await _pika_rpc(lambda cb: self._channel.basic_consume(
+            self.spec.target, self._on_delivery, auto_ack=False, callback=cb))
+
+    def _on_delivery(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        received = time.perf_counter_ns()
+        if method.redelivered:
+            self.redelivered += 1
+        self.on_message(body, received)
+        channel.basic_ack(method.delivery_tag)
+
+    async def close(self) -> None:
+        await _pika_close(self._connection)
+
+
+# ============================================================================== factory
+
+
+def make_publisher(spec: BrokerSpec, index: int) -> Publisher:
+    if spec.kind == "smqp":
+        return SMQPPublisher(spec, index)
+    if spec.kind == "rabbitmq":
+        return RabbitPublisher(spec, index)
+    raise ValueError(f"unknown broker kind {spec.kind!r}")
+
+
+def make_subscriber(spec: BrokerSpec) -> Subscriber:
+    if spec.kind == "smqp":
+        return SMQPSubscriber(spec)
+    if spec.kind == "rabbitmq":
+        return RabbitSubscriber(spec)
+    raise ValueError(f"unknown broker kind {spec.kind!r}")
+
+
+# ======================================================= RabbitMQ queue admin (blocking)
+
+
+def rabbit_declare(spec: BrokerSpec) -> None:
+    """Declare ``spec.target`` as a fresh durable queue (blocking; from the coordinator)."""
+    import pika
+
+    connection = pika.BlockingConnection(_pika_parameters(spec))
+    try:
+        channel = connection.channel()
+        channel.queue_delete(queue=spec.target)
+        channel.queue_declare(queue=spec.target, durable=True)
+    finally:
+        connection.close()
+
+
+def rabbit_count_and_delete(spec: BrokerSpec) -> int | None:
+    """Messages left in the queue (ready + unacknowledged), then delete it; None on error."""
+    import pika
+
+    count: int | None = None
+    try:
+        connection = pika.BlockingConnection(_pika_parameters(spec))
+    except Exception:
+        return None
+    try:
+        channel = connection.channel()
+        with contextlib.suppress(Exception):
+            ok = channel.queue_declare(queue=spec.target, passive=True)
+            count = ok.method.message_count
+        with contextlib.suppress(Exception):
+            channel.queue_delete(queue=spec.target)
+    finally:
+        with contextlib.suppress(Exception):
+            connection.close()
+    return count
+
+
+def rabbit_check(spec: BrokerSpec) -> str | None:
+    """None when RabbitMQ accepts a connection with ``spec``'s credentials; else why not."""
+    import pika
+
+    try:
+        connection = pika.BlockingConnection(_pika_parameters(spec))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    with contextlib.suppress(Exception):
+        connection.close()
+    return None
