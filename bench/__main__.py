@@ -1,8 +1,8 @@
-"""``python -m bench [BENCHMARK] [options]``: run a benchmark (default: ``commands``).
+"""``python -m bench [BENCHMARK] [options]``: run a benchmark (no arguments: every one).
 
 Examples::
 
-    python -m bench                                   # commands benchmark, sqlite then postgres
+    python -m bench                                   # every benchmark, defaults (make bench)
     python -m bench commands --seconds 10 --db both
     python -m bench commands --db postgres --clients 50 --pipeline 4
     python -m bench messages --scenario all --db both    # issue 4, against RabbitMQ too
@@ -46,8 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # `make bench`: every benchmark with its defaults, one after the other
+        codes = [main([name]) for name in BENCHMARKS]
+        return max(codes)
     # The benchmark name is optional: `python -m bench --seconds 5` runs the default one.
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+    if argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv.insert(0, DEFAULT)
     args = build_parser().parse_args(argv)
     try:

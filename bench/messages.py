@@ -812,29 +812,30 @@ with transaction.atomic():
                 leaves.append(create_topic(snapshot, f"/org/dept{d}/team{t}"))
         bench_levels = [top] + [Topic.objects.get(path=f"{cfg['root']}/{s}")
                                 for s in cfg["scenarios"]]
+        import random
+        rng = random.Random(1)
         rights = ["publish", "subscribe", "manage", "modify", "reply", "remote"]
         entries, seen = [], set()
-        n = 0
         while len(entries) < extra:
-            n += 1
-            right = rights[n % len(rights)]
+            n = len(entries) + 1
+            right = rng.choice(rights)
             if n % 20 == 0:
-                topic, kind, who = (bench_levels + leaves)[n % (len(leaves) + 4)], "everyone", None
+                topic, kind, who = rng.choice(bench_levels + leaves), "everyone", None
                 if topic.key.startswith(cfg["root"]) and right in ("publish", "subscribe"):
                     right = "modify"  # leave the benchmark's own rights as they are
             elif n % 10 == 0:
-                topic, kind, who = (bench_levels + leaves)[n % (len(leaves) + 4)], "group", None
+                topic, kind, who = rng.choice(bench_levels + leaves), "group", None
                 if right in ("publish", "subscribe"):
                     right = "manage"
             else:
-                topic, kind, who = leaves[n % len(leaves)], "account", others[n % len(others)]
+                topic, kind, who = rng.choice(leaves), "account", rng.choice(others)
             key = (topic.pk, kind, who.pk if who else None, right)
             if key in seen:
                 continue
             seen.add(key)
             entries.append(UALEntry(topic=topic, principal_kind=kind, right=right,
-                                    effect="deny" if n % 7 == 0 else "allow", account=who,
-                                    group=group if kind == "group" else None))
+                                    effect="deny" if rng.random() < 0.15 else "allow",
+                                    account=who, group=group if kind == "group" else None))
         UALEntry.objects.bulk_create(entries)
 print(json.dumps({"accounts": Account.objects.count(), "topics": Topic.objects.count(),
                   "ual_entries": UALEntry.objects.count()}))

@@ -33,6 +33,8 @@ DISPATCH_GROUP = "smqp-dispatch"
 CACHE_BYTES = 64 * 1024 * 1024
 # Largest group committed at once (bounded so one commit stays short).
 MAX_BATCH = 2000
+# Largest group of publishes committed at once while ACKs may be waiting behind it.
+PUBLISH_SLICE = 256
 # How long "this account may receive from this topic" is trusted without asking again. With
 # the UAL cache's own poll (0.5 s) a revoked right stops notifications within a second.
 GRANT_MEMO_SECONDS = 0.2
@@ -97,14 +99,16 @@ class Dispatcher:
             await self._work.wait()
             self._work.clear()
             while self._publishes or self._acks:
-                publishes = self._publishes[:MAX_BATCH]
-                del self._publishes[:MAX_BATCH]
-                acks = self._acks[:MAX_BATCH]
-                del self._acks[:MAX_BATCH]
-                if publishes:
-                    await self._commit_publishes(publishes)
-                if acks:
+                # ACKs first: each holds a subscriber's next NOTIFY back. Publishes go in
+                # slices, so an ACK that arrives meanwhile waits for one slice at most.
+                if self._acks:
+                    acks = self._acks[:MAX_BATCH]
+                    del self._acks[:MAX_BATCH]
                     await self._commit_acks(acks)
+                if self._publishes:
+                    publishes = self._publishes[:PUBLISH_SLICE]
+                    del self._publishes[:PUBLISH_SLICE]
+                    await self._commit_publishes(publishes)
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
         requests = [r for r, _ in batch]

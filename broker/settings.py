@@ -117,6 +117,12 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqli
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
 }
+SMQP_SQLITE_SYNCHRONOUS = os.environ.get("SMQP_SQLITE_SYNCHRONOUS", "FULL").upper()
+# How ACKs are committed: "relaxed" (default) commits without waiting for the disk flush, so
+# a subscriber's next NOTIFY is not held back by an fsync per message; a crash of the
+# listener (kill -9) loses nothing, a power loss may deliver an ACKed message once more
+# (never loses one: publishes are always flushed). "full" flushes every ACK as well.
+SMQP_ACK_DURABILITY = os.environ.get("SMQP_ACK_DURABILITY", "relaxed").lower()
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Persistent: Channels closes connections older than this around every database call, and
     # reopening SQLite (with its PRAGMAs) costs more than most commands.
@@ -127,7 +133,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         # BEGIN so concurrent writers queue on busy_timeout instead of failing mid-transaction.
         "init_command": (
             "PRAGMA journal_mode=WAL;"
-            f"PRAGMA synchronous={os.environ.get('SMQP_SQLITE_SYNCHRONOUS', 'FULL')};"
+            f"PRAGMA synchronous={SMQP_SQLITE_SYNCHRONOUS};"
             "PRAGMA foreign_keys=ON;"
         ),
         "transaction_mode": "IMMEDIATE",

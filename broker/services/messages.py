@@ -9,6 +9,8 @@ one transaction serves many messages.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -346,7 +348,11 @@ def ack_batch(acks: list[AckRequest]) -> None:
     if not acks:
         return
     now = timezone.now()
-    with transaction.atomic():
+    with _ack_durability(), transaction.atomic():
+        if settings.SMQP_ACK_DURABILITY != "full" and \
+                transaction.get_connection().vendor == "postgresql":
+            with transaction.get_connection().cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit = off")
         cond = Q()
         for ack in acks:
             cond |= Q(account_id=ack.account_id, message_id=ack.smuid)
@@ -371,6 +377,25 @@ def ack_batch(acks: list[AckRequest]) -> None:
             UsageEvent(kind=UsageEvent.Kind.ACK, account=names.get(a.account_id, ""),
                        smuid=a.smuid) for a in acks
         ])
+
+
+@contextmanager
+def _ack_durability() -> Iterator[None]:
+    """SQLite: commit ACKs without the flush (``synchronous=NORMAL`` in WAL mode survives a
+    crash of the process, not of the machine) unless ``SMQP_ACK_DURABILITY=full``.
+    PostgreSQL does the same with ``synchronous_commit = off`` inside the transaction."""
+    connection = transaction.get_connection()
+    if (settings.SMQP_ACK_DURABILITY == "full" or connection.vendor != "sqlite"
+            or connection.in_atomic_block):
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA synchronous={settings.SMQP_SQLITE_SYNCHRONOUS}")
 
 
 def finish_messages(message_ids: list[int], now: datetime) -> None:
