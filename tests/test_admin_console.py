@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from accounts.models import Account
+from tests.factories import make_account
 from topics.models import Topic
 from ual.models import UALAuditLog, UALEntry
 
@@ -20,13 +21,6 @@ pytestmark = pytest.mark.django_db
 TREE = "/admin/topics/topic/tree/"
 RIGHTS = "/admin/ual/ualentry/effective-rights/"
 BULK = "/admin/ual/ualentry/bulk-grant/"
-
-
-def make_account(name: str, **kw) -> Account:
-    account = Account(username=name, **kw)
-    account.set_password("pw")
-    account.save()
-    return account
 
 
 def make_topic(path: str, **kw) -> Topic:

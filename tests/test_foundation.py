@@ -10,6 +10,7 @@ from django.db import IntegrityError
 from accounts.models import Account
 from broker.models import UsageEvent
 from broker.services import topics as topic_service
+from tests.factories import make_account
 from topics import paths
 from topics.models import Topic
 from ual import check
@@ -17,13 +18,6 @@ from ual.models import UALEntry
 from ual.resolution import decide
 
 pytestmark = pytest.mark.django_db
-
-
-def make_account(name: str, **kw) -> Account:
-    account = Account(username=name, **kw)
-    account.set_password("pw")
-    account.save()
-    return account
 
 
 def make_topic(path: str, **kw) -> Topic:

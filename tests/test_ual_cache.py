@@ -14,6 +14,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 
 from accounts.models import Account
+from tests.factories import make_account
 from topics.models import Topic
 from ual import check, resolution
 from ual.models import UALEntry
@@ -55,13 +56,6 @@ def clock(monkeypatch) -> Clock:
     fake = Clock()
     monkeypatch.setattr(resolution, "_clock", fake)
     return fake
-
-
-def make_account(name: str, **kw) -> Account:
-    account = Account(username=name, **kw)
-    account.set_password("pw")
-    account.save()
-    return account
 
 
 def stored_generation() -> int | None:
