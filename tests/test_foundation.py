@@ -304,3 +304,37 @@ def test_queue_mode_moves_unacked_messages_on_then_to_trash():
     assert message_service.requeue_stale_queue_deliveries(later + timedelta(seconds=22)) == 1
     assert Delivery.objects.get(message_id=published.smuid).state == "dead"
     assert Message.objects.get(pk=published.smuid).state == "trash"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("durability", ["relaxed", "full"])
+def test_ack_commits_skip_the_flush_unless_full_and_restore_it(settings, durability):
+    """SQLite: an ACK batch commits with synchronous=NORMAL (no fsync) and puts the configured
+    level back; with SMQP_ACK_DURABILITY=full it is flushed like everything else."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from broker.models import Delivery
+    from broker.services import messages as message_service
+    from broker.smqp.message import DataSection
+    from broker.smqp.message import Message as Wire
+
+    settings.SMQP_ACK_DURABILITY = durability
+    root = make_account("root", is_superuser=True)
+    make_topic("/acks")
+    [published] = message_service.publish_batch([message_service.PublishRequest(
+        account_id=root.pk, guid="root0001", kind="MESSAGE", topic="/acks", cmuid="A1",
+        message=Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))])
+    with CaptureQueriesContext(connection) as seen:
+        message_service.ack_batch([message_service.AckRequest(root.pk, published.smuid, 1)])
+    pragmas = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("PRAGMA sync")]
+    if durability == "relaxed":
+        assert pragmas == ["PRAGMA synchronous=NORMAL",
+                           f"PRAGMA synchronous={settings.SMQP_SQLITE_SYNCHRONOUS}"]
+    else:
+        assert pragmas == []
+    assert Delivery.objects.get(account=root, message_id=published.smuid).state == "acked"
+    with connection.cursor() as cursor:
+        level = cursor.execute("PRAGMA synchronous").fetchone()[0]
+    assert level == {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}[
+        settings.SMQP_SQLITE_SYNCHRONOUS]

@@ -348,11 +348,7 @@ def ack_batch(acks: list[AckRequest]) -> None:
     if not acks:
         return
     now = timezone.now()
-    with _ack_durability(), transaction.atomic():
-        if settings.SMQP_ACK_DURABILITY != "full" and \
-                transaction.get_connection().vendor == "postgresql":
-            with transaction.get_connection().cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit = off")
+    with _ack_transaction():
         cond = Q()
         for ack in acks:
             cond |= Q(account_id=ack.account_id, message_id=ack.smuid)
@@ -380,22 +376,29 @@ def ack_batch(acks: list[AckRequest]) -> None:
 
 
 @contextmanager
-def _ack_durability() -> Iterator[None]:
-    """SQLite: commit ACKs without the flush (``synchronous=NORMAL`` in WAL mode survives a
-    crash of the process, not of the machine) unless ``SMQP_ACK_DURABILITY=full``.
-    PostgreSQL does the same with ``synchronous_commit = off`` inside the transaction."""
+def _ack_transaction() -> Iterator[None]:
+    """The transaction of an ACK batch, committed without waiting for the disk flush unless
+    ``SMQP_ACK_DURABILITY=full``: SQLite ``synchronous=NORMAL`` (WAL) for this commit,
+    PostgreSQL ``synchronous_commit = off`` inside it. Either survives a crash of the
+    process, not of the machine."""
     connection = transaction.get_connection()
-    if (settings.SMQP_ACK_DURABILITY == "full" or connection.vendor != "sqlite"
-            or connection.in_atomic_block):
-        yield
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA synchronous=NORMAL")
-    try:
-        yield
-    finally:
+    relaxed = settings.SMQP_ACK_DURABILITY != "full"
+    # SQLite's pragma applies to the connection, so set it only around a transaction of our
+    # own (not inside a caller's), and put the configured level back afterwards.
+    sqlite = relaxed and connection.vendor == "sqlite" and not connection.in_atomic_block
+    if sqlite:
         with connection.cursor() as cursor:
-            cursor.execute(f"PRAGMA synchronous={settings.SMQP_SQLITE_SYNCHRONOUS}")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+    try:
+        with transaction.atomic():
+            if relaxed and connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL synchronous_commit = off")
+            yield
+    finally:
+        if sqlite:
+            with connection.cursor() as cursor:
+                cursor.execute(f"PRAGMA synchronous={settings.SMQP_SQLITE_SYNCHRONOUS}")
 
 
 def finish_messages(message_ids: list[int], now: datetime) -> None:
