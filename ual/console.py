@@ -17,7 +17,6 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -28,7 +27,8 @@ from topics import paths
 from topics.models import Topic
 
 from .audit import acting_as
-from .models import Effect, PrincipalKind, Right, UALEntry
+from .grants import grant_to_many
+from .models import Effect, Right, UALEntry
 from .resolution import AccessSnapshot, Decision, level_keys
 
 if TYPE_CHECKING:
@@ -247,36 +247,6 @@ class BulkGrantForm(forms.Form):
         if found is None:
             raise forms.ValidationError("No topic at that path.")
         return found.resolved()
-
-
-@dataclass
-class GrantResult:
-    created: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-
-
-def grant_to_many(topic: Topic, right: str, effect: str, accounts: list[Account]) -> GrantResult:
-    """Give each account one entry for ``right`` on ``topic`` with ``effect`` (creating or
-    changing entries one by one, so each change is audited)."""
-    result = GrantResult()
-    with transaction.atomic():
-        for account in accounts:
-            kind = PrincipalKind.SERVER if account.is_remote_server else PrincipalKind.ACCOUNT
-            name = account.get_username()
-            entry = UALEntry.objects.filter(topic=topic, principal_kind=kind, account=account,
-                                            right=right).first()
-            if entry is None:
-                UALEntry.objects.create(topic=topic, principal_kind=kind, account=account,
-                                        right=right, effect=effect)
-                result.created.append(name)
-            elif entry.effect != effect:
-                entry.effect = effect
-                entry.save(update_fields=["effect"])
-                result.changed.append(name)
-            else:
-                result.unchanged.append(name)
-    return result
 
 
 def bulk_grant_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:

@@ -1,7 +1,7 @@
 """``manage.py grant ACCOUNT TOPIC RIGHT[,RIGHT...]``
 
-Entries are saved and deleted one by one, so every change is audited (actor
-``"manage.py grant"``) and invalidates the cached access snapshots of every process.
+Entries change through :mod:`ual.grants`, one row at a time, so every change is audited
+(actor ``"manage.py grant"``) and invalidates the cached access snapshots of every process.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from django.db import transaction
 
 from accounts.models import Account
 from broker.services import topics as topic_service
+from ual import grants
 from ual.audit import GRANT_COMMAND, acting_as
-from ual.models import Effect, PrincipalKind, Right, UALEntry
+from ual.models import Effect, Right
 
 
 class Command(BaseCommand):
@@ -50,23 +51,11 @@ class Command(BaseCommand):
             raise CommandError(f"no topic {topic!r}")
         # A virtual topic behaves as the real one everywhere, its access list included.
         target = target.resolved()
-        kind = PrincipalKind.SERVER if who.is_remote_server else PrincipalKind.ACCOUNT
+        effect = Effect.DENY if deny else Effect.ALLOW
         for right in wanted:
-            entries = UALEntry.objects.filter(
-                topic=target, principal_kind=kind, account=who, right=right
-            )
             if revoke:
-                for entry in entries:
-                    entry.delete()
-                continue
-            effect = Effect.DENY if deny else Effect.ALLOW
-            existing = entries.first()
-            if existing is None:
-                UALEntry.objects.create(
-                    topic=target, principal_kind=kind, account=who, right=right, effect=effect
-                )
-            elif existing.effect != effect:
-                existing.effect = effect
-                existing.save(update_fields=["effect"])
+                grants.revoke(target, right, who)
+            else:
+                grants.grant_to_many(target, right, effect, [who])
         verb = "revoked" if revoke else ("denied" if deny else "granted")
         self.stdout.write(f"{verb} {', '.join(wanted)} on {target.path} to {who.username}")
