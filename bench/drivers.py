@@ -118,6 +118,14 @@ class Subscriber(ABC):
 # ================================================================================== SMQP
 
 
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    """Stop a connection's reader task and wait until it has stopped."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
 class SMQPPublisher(Publisher):
     """``PUB MESSAGE <topic> <cmuid>`` with one ``application/octet-stream`` data section.
 
@@ -205,10 +213,7 @@ class SMQPPublisher(Publisher):
             pass
 
     async def close(self) -> None:
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
+        await _cancel(self._reader_task)
         if self._client is not None:
             await self._client.close()
 
@@ -291,10 +296,7 @@ class SMQPSubscriber(Subscriber):
                 first = data[:-2]
 
     async def close(self) -> None:
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
+        await _cancel(self._reader_task)
         if self._client is not None:
             client = self._client
             with contextlib.suppress(Exception):
