@@ -90,6 +90,9 @@ class AccessSnapshot:
             for key, right, effect, pk, kind in rows:
                 self.table.setdefault((key, right), []).append((effect, pk, kind))
         self._allowed_keys: set[str] | None = None
+        # (topic id, topic key, right) -> allowed: a snapshot never changes (any change that
+        # could alter a decision, a topic's name or link included, replaces the snapshot).
+        self._memo: dict[tuple[int | None, str, str], bool] = {}
 
     def decide(self, topic: Topic, right: str) -> Decision:
         if right not in Right.values:
@@ -114,7 +117,11 @@ class AccessSnapshot:
         return Decision(False, "no entry on the topic or above it: the root default is deny")
 
     def allows(self, topic: Topic, right: str) -> bool:
-        return self.decide(topic, right).allowed
+        key = (topic.pk, topic.key, right)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self.decide(topic, right).allowed
+        return found
 
     def can_see(self, topic: Topic) -> bool:
         """A topic is visible when any right is allowed on it, or an allow entry for this

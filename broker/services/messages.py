@@ -19,7 +19,6 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from accounts.models import Account
 from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
 from broker.smqp import message as codec
 from broker.smqp.values import (
@@ -39,6 +38,7 @@ from ual.resolution import AccessSnapshot, snapshot_for_id
 
 from . import ServiceError, not_found, unauthorized
 from . import topics as topic_service
+from .rows import Table, db_datetime, db_json, placeholder, raw_cursor
 
 # Sort key of a message without Priority: after every message that has one.
 NO_PRIORITY = 2**31
@@ -134,8 +134,45 @@ def _stored_headers(req: PublishRequest, now: datetime) -> list[tuple[str, str]]
     return headers
 
 
-def _prepare(snapshot: AccessSnapshot, req: PublishRequest, now: datetime) -> tuple[Topic, Message,
-                                                                                     list]:
+@dataclass(slots=True)
+class _NewMessage:
+    """A message about to be stored: its column values, without a model instance."""
+
+    topic_id: int
+    publisher_id: int | None
+    publisher_guid: str
+    cmuid: str
+    name: str
+    priority: int | None
+    created: datetime
+    timeout: int | None
+    depth: int
+    sequence: int | None
+    receipt: bool
+    reply: bool
+    in_reply_to_id: int | None
+    headers: list[tuple[str, str]]
+    size: int
+    sections: list[codec.DataSection]
+    pk: int = 0
+
+
+_MESSAGES = Table(Message, (
+    "topic", "publisher", "publisher_guid", "cmuid", "name", "priority", "created", "received",
+    "timeout", "expires", "depth", "sequence", "receipt", "reply", "in_reply_to", "headers",
+    "size", "state", "trashed"))
+_SECTIONS = Table(DataSection, (
+    "message", "position", "content_type", "content_length", "content_encoding", "headers",
+    "body"))
+_DELIVERIES = Table(Delivery, (
+    "account", "message", "state", "attempts", "created", "last_attempt", "next_attempt",
+    "acked"))
+_EVENTS = Table(UsageEvent, (
+    "at", "kind", "account", "topic", "smuid", "bytes", "peer", "detail"))
+
+
+def _prepare(snapshot: AccessSnapshot, req: PublishRequest,
+             now: datetime) -> tuple[Topic | Node, _NewMessage]:
     msg = req.message
     original = None
     if req.kind == "REPLY":
@@ -159,7 +196,7 @@ def _prepare(snapshot: AccessSnapshot, req: PublishRequest, now: datetime) -> tu
     priority = msg.get("Priority")
     sequence = msg.get("Sequence")
     created = msg.get("Created")
-    row = Message(
+    row = _NewMessage(
         topic_id=topic.pk,
         publisher_id=req.account_id,
         publisher_guid=req.guid,
@@ -172,23 +209,46 @@ def _prepare(snapshot: AccessSnapshot, req: PublishRequest, now: datetime) -> tu
         sequence=parse_int(sequence, minimum=1) if sequence else None,
         receipt=parse_bool(msg.get("Receipt") or "NO"),
         reply=parse_bool(msg.get("Reply") or "NO"),
-        in_reply_to=original,
+        in_reply_to_id=original.pk if original is not None else None,
         headers=_stored_headers(req, now),
         size=size,
-        received=now,
+        sections=msg.sections,
     )
-    sections = [
-        DataSection(
-            position=i,
-            content_type=(s.content_type or "")[:255],
-            content_length=len(s.body),
-            content_encoding=(s.get("Content-Encoding") or "")[:255],
-            headers=[list(h) for h in s.headers],
-            body=s.body,
-        )
-        for i, s in enumerate(msg.sections)
-    ]
-    return topic, row, sections
+    return topic, row
+
+
+def _store(rows: list[_NewMessage], now: datetime) -> None:
+    """INSERT the messages and their data sections; sets each row's ``pk`` (its smuid)."""
+    received = db_datetime(now)
+    pending = Message.State.PENDING.value
+    pks = _MESSAGES.insert_returning_pks([
+        (r.topic_id, r.publisher_id, r.publisher_guid, r.cmuid, r.name, r.priority,
+         db_datetime(r.created), received, r.timeout, None, r.depth, r.sequence, r.receipt,
+         r.reply, r.in_reply_to_id, db_json(r.headers), r.size, pending, None)
+        for r in rows])
+    sections = []
+    for row, pk in zip(rows, pks, strict=True):
+        row.pk = pk
+        for i, s in enumerate(row.sections):
+            sections.append((pk, i, (s.content_type or "")[:255], len(s.body),
+                             (s.get("Content-Encoding") or "")[:255],
+                             db_json([list(h) for h in s.headers]), s.body))
+    _SECTIONS.insert(sections)
+
+
+def _insert_deliveries(pairs: list[tuple[int, int]], now: datetime) -> None:
+    """New pending Delivery rows for (account, smuid) pairs."""
+    at = db_datetime(now)
+    pending = Delivery.State.PENDING.value
+    _DELIVERIES.insert([(a, m, pending, 0, at, None, None, None) for a, m in pairs])
+
+
+def _log_events(events: list[tuple[str, str, str, int | None, int, str, dict]],
+                now: datetime) -> None:
+    """Append usage events: (kind, account, topic, smuid, bytes, peer, detail)."""
+    at = db_datetime(now)
+    _EVENTS.insert([(at, kind, account, topic, smuid, size, peer, db_json(detail))
+                    for kind, account, topic, smuid, size, peer, detail in events])
 
 
 def _subscribers(topics: list[Topic | Node],
@@ -218,58 +278,53 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
     """Store a group of publishes in one transaction. Each request gets its ``Published`` or
     the ServiceError that refused it; the refused ones store nothing. Access is decided from
     the per-process snapshot cache (:func:`ual.resolution.snapshot_for_id`): no permission
-    query per message."""
+    query per message. Rows are written through :mod:`.rows` (no model instances)."""
     now = timezone.now()
     results: list[Published | ServiceError | None] = [None] * len(requests)
-    prepared: list[tuple[int, Topic, Message, list[DataSection]]] = []
+    prepared: list[tuple[int, Topic | Node, _NewMessage]] = []
     publishers: dict[int, str] = {}
     for i, req in enumerate(requests):
         try:
             snap = snapshot_for_id(req.account_id)
             publishers[req.account_id] = snap.account.username
-            topic, row, sections = _prepare(snap, req, now)
-            prepared.append((i, topic, row, sections))
+            topic, row = _prepare(snap, req, now)
+            prepared.append((i, topic, row))
         except ServiceError as exc:
             results[i] = exc
         except (ValueError, KeyError) as exc:
             results[i] = ServiceError(400, f"Bad request ({exc})")
     with transaction.atomic():
         prepared = _apply_queue_limits(prepared, results)
-        rows = [row for _, _, row, _ in prepared]
-        Message.objects.bulk_create(rows)
-        section_rows = []
-        for _, _, row, sections in prepared:
-            for s in sections:
-                s.message_id = row.pk
-                section_rows.append(s)
-        DataSection.objects.bulk_create(section_rows)
-        topics = {t.pk: t for _, t, _, _ in prepared}
+        _store([row for _, _, row in prepared], now)
+        topics = {t.pk: t for _, t, _ in prepared}
         subs = _subscribers(list(topics.values()), now)
-        deliveries: list[Delivery] = []
-        expire_now: list[int] = []
-        for i, topic, row, _ in prepared:
-            candidates = [a for a, since in subs.get(topic.pk, ()) if since is None or since <= now]
-            allowed = _may_receive(candidates, topic)
+        deliveries: list[tuple[int, int]] = []
+        expire_now: list[tuple[int, int | None]] = []
+        allowed_by_topic: dict[int, list[int]] = {}
+        for i, topic, row in prepared:
+            allowed = allowed_by_topic.get(topic.pk)
+            if allowed is None:
+                candidates = [a for a, since in subs.get(topic.pk, ())
+                              if since is None or since <= now]
+                allowed = allowed_by_topic[topic.pk] = _may_receive(candidates, topic)
             if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
-                allowed = [_pick_queue_consumer(topic, allowed, row.pk)]
-            deliveries.extend(Delivery(account_id=a, message_id=row.pk) for a in allowed)
-            if not allowed:
-                expire_now.append(row.pk)
+                accounts = [_pick_queue_consumer(topic, allowed, row.pk)]
+            else:
+                accounts = list(allowed)
+            deliveries.extend((a, row.pk) for a in accounts)
+            if not accounts:
+                expire_now.append((row.pk, row.timeout))
             publisher = publishers[requests[i].account_id]
             cmuid_hdr = f"{publisher}/{requests[i].guid}/{row.cmuid}"
             results[i] = Published(
                 smuid=row.pk, topic_id=topic.pk, topic_path=topic.path,
-                priority=row.priority or NO_PRIORITY, accounts=allowed,
-                payload=(topic.path, cmuid_hdr,
-                         codec.Message(list(row.headers), requests[i].message.sections)))
-        Delivery.objects.bulk_create(deliveries)
-        _start_timeouts(expire_now, now)
-        UsageEvent.objects.bulk_create([
-            UsageEvent(kind=UsageEvent.Kind.PUBLISH, account=publishers[requests[i].account_id],
-                       topic=topic.path, smuid=row.pk, bytes=row.size,
-                       peer=requests[i].peer)
-            for i, topic, row, _ in prepared
-        ])
+                priority=row.priority or NO_PRIORITY, accounts=accounts,
+                payload=(topic.path, cmuid_hdr, codec.Message(list(row.headers), row.sections)))
+        _insert_deliveries(deliveries, now)
+        _start_timeouts_known(expire_now, now)
+        _log_events([(UsageEvent.Kind.PUBLISH, publishers[requests[i].account_id], topic.path,
+                      row.pk, row.size, requests[i].peer, {}) for i, topic, row in prepared],
+                     now)
     return results  # type: ignore[return-value]
 
 
@@ -315,20 +370,26 @@ def _pick_queue_consumer(topic: Topic, accounts: list[int], smuid: int) -> int:
 def _start_timeouts(message_ids: list[int], now: datetime) -> None:
     """The timeout of these messages starts now: set their expiry (none for state
     messages, whose timeout is negative)."""
-    if not message_ids:
+    if message_ids:
+        _start_timeouts_known(
+            list(Message.objects.filter(pk__in=message_ids).values_list("pk", "timeout")), now)
+
+
+def _start_timeouts_known(messages: list[tuple[int, int | None]], now: datetime) -> None:
+    """:func:`_start_timeouts` for (smuid, timeout) pairs already known."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for pk, timeout in messages:
+        if timeout is not None and timeout >= 0:
+            groups[timeout].append(pk)
+    if not groups:
         return
-    for timeout, ids in _group_by_timeout(message_ids).items():
-        if timeout is None or timeout < 0:
-            continue
-        Message.objects.filter(pk__in=ids, expires__isnull=True).update(
-            expires=now + timedelta(seconds=timeout))
-
-
-def _group_by_timeout(message_ids: list[int]) -> dict[int | None, list[int]]:
-    groups: dict[int | None, list[int]] = defaultdict(list)
-    for pk, timeout in Message.objects.filter(pk__in=message_ids).values_list("pk", "timeout"):
-        groups[timeout].append(pk)
-    return groups
+    ph = placeholder()
+    with raw_cursor() as cursor:
+        for timeout, ids in groups.items():
+            cursor.execute(
+                f"UPDATE {Message._meta.db_table} SET expires = {ph} "
+                f"WHERE id IN ({', '.join([ph] * len(ids))}) AND expires IS NULL",
+                [db_datetime(now + timedelta(seconds=timeout)), *ids])
 
 
 # ----------------------------------------------------------------------------------- ack
@@ -344,35 +405,39 @@ class AckRequest:
 def ack_batch(acks: list[AckRequest]) -> None:
     """Record ACKs in one transaction: the deliveries become ACKed (once per account, ever);
     messages whose every publish-time subscriber has now ACKed start their timeout; a
-    receipt goes to the publisher at the first ACK when asked for."""
+    receipt goes to the publisher at the first ACK when asked for. Plain SQL (a handful of
+    statements per batch): this runs once per NOTIFY round trip."""
     if not acks:
         return
     now = timezone.now()
+    at = db_datetime(now)
+    acked = Delivery.State.ACKED.value
+    ph = placeholder()
+    table = Delivery._meta.db_table
+    update = (f"UPDATE {table} SET state = {ph}, acked = {ph}, last_attempt = {ph} "
+              f"WHERE account_id = {ph} AND message_id = {ph} AND state <> {ph}")
+    # A subscriber that arrived later and ACKs a message it got from the backlog has no row
+    # yet (one that ACKed already keeps its row as it is).
+    insert = (f"INSERT INTO {table} (account_id, message_id, state, attempts, created, "
+              f"last_attempt, next_attempt, acked) SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, "
+              f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} "
+              f"ON CONFLICT DO NOTHING")
     with _ack_transaction():
-        cond = Q()
-        for ack in acks:
-            cond |= Q(account_id=ack.account_id, message_id=ack.smuid)
-        newly = list(Delivery.objects.filter(cond).exclude(state=Delivery.State.ACKED)
-                     .values_list("pk", "account_id", "message_id"))
-        Delivery.objects.filter(pk__in=[pk for pk, _, _ in newly]).update(
-            state=Delivery.State.ACKED, acked=now, last_attempt=now)
-        # A subscriber that arrived later and ACKs a message it got from the backlog.
-        known = {(a, m) for _, a, m in newly}
-        existing = set(Delivery.objects.filter(cond).values_list("account_id", "message_id"))
-        Delivery.objects.bulk_create([
-            Delivery(account_id=ack.account_id, message_id=ack.smuid, state=Delivery.State.ACKED,
-                     acked=now, attempts=ack.attempts, last_attempt=now)
-            for ack in acks if (ack.account_id, ack.smuid) not in existing | known
-        ], ignore_conflicts=True)
-        message_ids = sorted({ack.smuid for ack in acks})
-        finish_messages(message_ids, now)
-        _send_receipts([m for _, _, m in newly], now)
-        names = dict(Account.objects.filter(pk__in={a.account_id for a in acks})
-                     .values_list("pk", "username"))
-        UsageEvent.objects.bulk_create([
-            UsageEvent(kind=UsageEvent.Kind.ACK, account=names.get(a.account_id, ""),
-                       smuid=a.smuid) for a in acks
-        ])
+        newly: list[int] = []
+        with raw_cursor() as cursor:
+            for ack in acks:
+                cursor.execute(update, (acked, at, at, ack.account_id, ack.smuid, acked))
+                if cursor.rowcount > 0:
+                    newly.append(ack.smuid)
+                else:
+                    cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
+                                            ack.smuid))
+        facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
+        receipts = [m for m in newly if facts.get(m, (None, False))[1]]
+        if receipts:
+            _send_receipts(receipts, now)
+        _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
+                      a.smuid, 0, "", {}) for a in acks], now)
 
 
 @contextmanager
@@ -401,22 +466,32 @@ def _ack_transaction() -> Iterator[None]:
                 cursor.execute(f"PRAGMA synchronous={settings.SMQP_SQLITE_SYNCHRONOUS}")
 
 
-def finish_messages(message_ids: list[int], now: datetime) -> None:
+def finish_messages(message_ids: list[int], now: datetime) -> dict[int, tuple[int | None,
+                                                                             bool]]:
     """Messages with no delivery still open start their timeout; those with dead
-    deliveries and none open go to Trash (for audit) at once."""
+    deliveries and none open go to Trash (for audit) at once. Returns smuid → (timeout,
+    receipt wanted) of the messages that exist."""
     if not message_ids:
-        return
-    open_ids = set(Delivery.objects.filter(
-        message_id__in=message_ids,
-        state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
-    ).values_list("message_id", flat=True))
-    done = [m for m in message_ids if m not in open_ids]
-    dead = set(Delivery.objects.filter(message_id__in=done, state=Delivery.State.DEAD)
-               .values_list("message_id", flat=True))
-    if dead:
-        Message.objects.filter(pk__in=dead, state=Message.State.PENDING).update(
+        return {}
+    marks = ", ".join([placeholder()] * len(message_ids))
+    with raw_cursor() as cursor:
+        cursor.execute(f"SELECT id, timeout, receipt FROM {Message._meta.db_table} "
+                       f"WHERE id IN ({marks})", message_ids)
+        facts = {pk: (timeout, bool(receipt)) for pk, timeout, receipt in cursor.fetchall()}
+        cursor.execute(f"SELECT message_id, state FROM {Delivery._meta.db_table} "
+                       f"WHERE message_id IN ({marks}) AND state <> {placeholder()}",
+                       [*message_ids, Delivery.State.ACKED.value])
+        open_ids: set[int] = set()
+        dead: set[int] = set()
+        for smuid, state in cursor.fetchall():
+            (dead if state == Delivery.State.DEAD else open_ids).add(smuid)
+    done = [m for m in message_ids if m in facts and m not in open_ids]
+    trash = [m for m in done if m in dead]
+    if trash:
+        Message.objects.filter(pk__in=trash, state=Message.State.PENDING).update(
             state=Message.State.TRASH, trashed=now)
-    _start_timeouts([m for m in done if m not in dead], now)
+    _start_timeouts_known([(m, facts[m][0]) for m in done if m not in dead], now)
+    return facts
 
 
 def _send_receipts(message_ids: list[int], now: datetime) -> None:
