@@ -38,6 +38,10 @@ PUBLISH_SLICE = 256
 # How long "this account may receive from this topic" is trusted without asking again. With
 # the UAL cache's own poll (0.5 s) a revoked right stops notifications within a second.
 GRANT_MEMO_SECONDS = 0.2
+# After a batch of cross-process wake-ups is sent, the next gathers for this long: under a
+# stream of small commits the channel layer then costs a few hundred round trips a second at
+# most, and another process hears of a message this much later at worst.
+WAKE_GATHER_SECONDS = 0.005
 
 
 class Session(Protocol):
@@ -57,6 +61,8 @@ class Dispatcher:
         self._cache_bytes = 0
         self._policies: dict[str, tuple[float, tuple[int, int]]] = {}
         self._grants: dict[tuple[int, str], float] = {}
+        self._outgoing: defaultdict[int, list[list]] = defaultdict(list)
+        self._sender: asyncio.Task | None = None
         self._writer = asyncio.ensure_future(self._write_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
 
@@ -150,22 +156,31 @@ class Dispatcher:
     # ------------------------------------------------------------------ wake-ups
 
     def wake(self, published: list[Published]) -> None:
-        """Offer committed messages here, and tell the other processes (one message per
-        topic per batch)."""
+        """Offer committed messages here, and tell the other processes: one message per topic
+        per batch. While a batch of wake-ups is on its way to Redis the next ones gather, so
+        a stream of small commits costs one channel-layer round trip at a time, not one each
+        (another process hears of a message at most one round trip later)."""
         if not published:
             return
         self.offer((p.priority, p.smuid, p.accounts) for p in published)
-        by_topic: dict[int, list[list]] = defaultdict(list)
         for p in published:
             if p.accounts:
-                by_topic[p.topic_id].append([p.priority, p.smuid, p.accounts])
+                self._outgoing[p.topic_id].append([p.priority, p.smuid, p.accounts])
+        if self._outgoing and (self._sender is None or self._sender.done()):
+            self._sender = asyncio.ensure_future(self._send_wakeups())
+            self._sender.add_done_callback(_log_failure)
+
+    async def _send_wakeups(self) -> None:
         layer = get_channel_layer()
-        if layer is None:
-            return
-        for items in by_topic.values():
-            event = {"type": "dispatch.wake", "origin": self.origin, "items": items}
-            task = asyncio.ensure_future(layer.group_send(DISPATCH_GROUP, event))
-            task.add_done_callback(_log_failure)
+        while self._outgoing:
+            batch, self._outgoing = self._outgoing, defaultdict(list)
+            if layer is None:
+                continue
+            await asyncio.gather(*(
+                layer.group_send(DISPATCH_GROUP, {"type": "dispatch.wake", "origin": self.origin,
+                                                  "items": items})
+                for items in batch.values()))
+            await asyncio.sleep(WAKE_GATHER_SECONDS)
 
     async def _listen_loop(self) -> None:
         layer = get_channel_layer()
@@ -242,8 +257,9 @@ class Dispatcher:
         await database_sync_to_async(message_service.mark_dead)([(account_id, smuid)])
 
     def close(self) -> None:
-        for task in (self._writer, self._listener):
-            task.cancel()
+        for task in (self._writer, self._listener, self._sender):
+            if task is not None:
+                task.cancel()
 
 
 def _log_failure(task: asyncio.Task) -> None:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from channels.consumer import AsyncConsumer
+from channels.consumer import AsyncConsumer, get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from django.conf import settings
@@ -61,6 +61,16 @@ def _handler_name(command_class: type) -> str:
 
 class SMQPConsumer(AsyncConsumer):
     """One SMQP session."""
+
+    async def dispatch(self, message: dict) -> None:
+        """Call the event's handler. Channels' own ``dispatch`` first hops to the database
+        thread to close stale connections, on every event; here every database call
+        (``database_sync_to_async``) does that itself, so that hop only made each incoming
+        line (a subscriber's 310 ACK, say) wait behind whatever commit was running."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
 
     # ------------------------------------------------------------------ connection lifecycle
 
@@ -574,8 +584,12 @@ class SMQPConsumer(AsyncConsumer):
             self.reply(400, "Bad request (no message is waiting for 310 ACK)")
             return
         self.reply(310, "ACK")
+        if self._pump_task is None or self._pump_task.done():
+            # The next NOTIFY leaves in the same write as this 310 ACK (one packet, one
+            # wake-up of the client instead of two).
+            self._pump_task = asyncio.ensure_future(self._pump())
+            await self._pump_task
         await self.flush()
-        self._kick()
 
     async def _record_ack(self) -> bool:
         """The client's 310 ACK for the message in flight: recorded (group commit) before the

@@ -38,7 +38,7 @@ from ual.resolution import AccessSnapshot, snapshot_for_id
 
 from . import ServiceError, not_found, unauthorized
 from . import topics as topic_service
-from .rows import Table, db_datetime, db_json, placeholder, raw_cursor
+from .rows import Table, db_datetime, db_json, from_db_datetime, placeholder, raw_cursor
 
 # Sort key of a message without Priority: after every message that has one.
 NO_PRIORITY = 2**31
@@ -265,12 +265,18 @@ def _subscribers(topics: list[Topic | Node],
             for key in topic_service.covering_patterns(tree.by_id[virtual_id].key):
                 wanted[key].append(topic.pk)
     result: dict[int, list[tuple[int, datetime | None]]] = defaultdict(list)
-    rows = Subscription.objects.filter(
-        resource=Subscription.Resource.MESSAGE, pattern_key__in=list(wanted)
-    ).values_list("pattern_key", "account_id", "since")
+    if not wanted:
+        return result
+    ph = placeholder()
+    with raw_cursor() as cursor:  # once per publish batch: plain SQL
+        cursor.execute(
+            f"SELECT pattern_key, account_id, since FROM {Subscription._meta.db_table} "
+            f"WHERE resource = {ph} AND pattern_key IN ({', '.join([ph] * len(wanted))})",
+            [Subscription.Resource.MESSAGE.value, *wanted])
+        rows = cursor.fetchall()
     for key, account_id, since in rows:
         for topic_id in wanted[key]:
-            result[topic_id].append((account_id, since))
+            result[topic_id].append((account_id, from_db_datetime(since)))
     return result
 
 

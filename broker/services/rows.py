@@ -14,15 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, models
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 
 def db_datetime(value: datetime | None) -> Any:
     """A datetime as the database takes it (SQLite: naive UTC text)."""
     return None if value is None else connection.ops.adapt_datetimefield_value(value)
+
+
+def from_db_datetime(value: Any) -> datetime | None:
+    """A datetime column read through the DB-API (SQLite gives naive UTC text)."""
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(value)
+    if parsed is not None and timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, UTC)
+    return parsed
 
 
 def db_json(value: Any) -> Any:
