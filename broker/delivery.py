@@ -33,8 +33,10 @@ DISPATCH_GROUP = "smqp-dispatch"
 CACHE_BYTES = 64 * 1024 * 1024
 # Largest group committed at once (bounded so one commit stays short).
 MAX_BATCH = 2000
-# Largest group of publishes committed at once while ACKs may be waiting behind it.
-PUBLISH_SLICE = 256
+# Largest group of publishes committed at once while subscribers are ACKing (an ACK that
+# arrives meanwhile waits for one such slice at most); with no ACK for a second, MAX_BATCH.
+PUBLISH_SLICE = 64
+ACKING_SECONDS = 1.0
 # How long "this account may receive from this topic" is trusted without asking again. With
 # the UAL cache's own poll (0.5 s) a revoked right stops notifications within a second.
 GRANT_MEMO_SECONDS = 0.2
@@ -42,6 +44,11 @@ GRANT_MEMO_SECONDS = 0.2
 # stream of small commits the channel layer then costs a few hundred round trips a second at
 # most, and another process hears of a message this much later at worst.
 WAKE_GATHER_SECONDS = 0.005
+
+
+# Made once: the group commits run hundreds of times a second.
+_publish_batch = database_sync_to_async(message_service.publish_batch)
+_ack_batch = database_sync_to_async(message_service.ack_batch)
 
 
 class Session(Protocol):
@@ -63,6 +70,7 @@ class Dispatcher:
         self._grants: dict[tuple[int, str], float] = {}
         self._outgoing: defaultdict[int, list[list]] = defaultdict(list)
         self._sender: asyncio.Task | None = None
+        self._last_ack = float("-inf")
         self._writer = asyncio.ensure_future(self._write_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
 
@@ -101,6 +109,7 @@ class Dispatcher:
         await future
 
     async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._work.wait()
             self._work.clear()
@@ -108,18 +117,21 @@ class Dispatcher:
                 # ACKs first: each holds a subscriber's next NOTIFY back. Publishes go in
                 # slices, so an ACK that arrives meanwhile waits for one slice at most.
                 if self._acks:
+                    self._last_ack = loop.time()
                     acks = self._acks[:MAX_BATCH]
                     del self._acks[:MAX_BATCH]
                     await self._commit_acks(acks)
                 if self._publishes:
-                    publishes = self._publishes[:PUBLISH_SLICE]
-                    del self._publishes[:PUBLISH_SLICE]
+                    acking = loop.time() - self._last_ack < ACKING_SECONDS
+                    size = PUBLISH_SLICE if acking else MAX_BATCH
+                    publishes = self._publishes[:size]
+                    del self._publishes[:size]
                     await self._commit_publishes(publishes)
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
         requests = [r for r, _ in batch]
         try:
-            results = await database_sync_to_async(message_service.publish_batch)(requests)
+            results = await _publish_batch(requests)
         except Exception as exc:  # nothing of this batch was committed
             logger.exception("publish batch of %d failed", len(batch))
             for _, future in batch:
@@ -142,7 +154,7 @@ class Dispatcher:
 
     async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
         try:
-            await database_sync_to_async(message_service.ack_batch)([r for r, _ in batch])
+            await _ack_batch([r for r, _ in batch])
         except Exception:
             logger.exception("ack batch of %d failed", len(batch))
             for _, future in batch:

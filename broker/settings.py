@@ -171,11 +171,15 @@ WHITENOISE_USE_FINDERS = True
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # Redis pub/sub: a group_send is one PUBLISH and every process reads pushed
+        # messages from one subscription. (The list-based RedisChannelLayer costs three
+        # round trips per group_send plus a BRPOP loop, and was the largest single cost of
+        # the listener's event loop under load.) Nothing here relies on messages waiting
+        # for a consumer that is not there: wake-ups and notifications are for live sessions.
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {
             "hosts": [REDIS_URL],
             "prefix": os.environ.get("SMQP_CHANNEL_PREFIX", "smqp"),
-            "capacity": 10_000,
         },
     }
 }

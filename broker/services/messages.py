@@ -480,17 +480,20 @@ def finish_messages(message_ids: list[int], now: datetime) -> dict[int, tuple[in
     if not message_ids:
         return {}
     marks = ", ".join([placeholder()] * len(message_ids))
+    ph = placeholder()
     with raw_cursor() as cursor:
-        cursor.execute(f"SELECT id, timeout, receipt FROM {Message._meta.db_table} "
-                       f"WHERE id IN ({marks})", message_ids)
-        facts = {pk: (timeout, bool(receipt)) for pk, timeout, receipt in cursor.fetchall()}
-        cursor.execute(f"SELECT message_id, state FROM {Delivery._meta.db_table} "
-                       f"WHERE message_id IN ({marks}) AND state <> {placeholder()}",
-                       [*message_ids, Delivery.State.ACKED.value])
+        # Each message once, with the states of its deliveries that are not ACKed (if any).
+        cursor.execute(
+            f"SELECT m.id, m.timeout, m.receipt, d.state FROM {Message._meta.db_table} m "
+            f"LEFT JOIN {Delivery._meta.db_table} d ON d.message_id = m.id AND d.state <> {ph} "
+            f"WHERE m.id IN ({marks})", [Delivery.State.ACKED.value, *message_ids])
+        facts: dict[int, tuple[int | None, bool]] = {}
         open_ids: set[int] = set()
         dead: set[int] = set()
-        for smuid, state in cursor.fetchall():
-            (dead if state == Delivery.State.DEAD else open_ids).add(smuid)
+        for smuid, timeout, receipt, state in cursor.fetchall():
+            facts[smuid] = (timeout, bool(receipt))
+            if state is not None:
+                (dead if state == Delivery.State.DEAD else open_ids).add(smuid)
     done = [m for m in message_ids if m in facts and m not in open_ids]
     trash = [m for m in done if m in dead]
     if trash:
