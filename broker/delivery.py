@@ -37,6 +37,8 @@ MAX_BATCH = 2000
 # arrives meanwhile waits for one such slice at most); with no ACK for a second, MAX_BATCH.
 PUBLISH_SLICE = 64
 ACKING_SECONDS = 1.0
+# ACKs and at most this many publishes waiting together are committed in one transaction.
+MERGE_PUBLISHES = 16
 # How long "this account may receive from this topic" is trusted without asking again. With
 # the UAL cache's own poll (0.5 s) a revoked right stops notifications within a second.
 GRANT_MEMO_SECONDS = 0.2
@@ -49,6 +51,7 @@ WAKE_GATHER_SECONDS = 0.005
 # Made once: the group commits run hundreds of times a second.
 _publish_batch = database_sync_to_async(message_service.publish_batch)
 _ack_batch = database_sync_to_async(message_service.ack_batch)
+_acks_and_publishes = database_sync_to_async(message_service.acks_and_publishes)
 
 
 class Session(Protocol):
@@ -114,10 +117,18 @@ class Dispatcher:
             await self._work.wait()
             self._work.clear()
             while self._publishes or self._acks:
+                if self._acks:
+                    self._last_ack = loop.time()
+                if self._acks and 0 < len(self._publishes) <= MERGE_PUBLISHES:
+                    # A few of each (a subscriber keeping up with its publishers): one
+                    # transaction, one commit.
+                    acks, self._acks = self._acks, []
+                    publishes, self._publishes = self._publishes, []
+                    await self._commit_both(acks, publishes)
+                    continue
                 # ACKs first: each holds a subscriber's next NOTIFY back. Publishes go in
                 # slices, so an ACK that arrives meanwhile waits for one slice at most.
                 if self._acks:
-                    self._last_ack = loop.time()
                     acks = self._acks[:MAX_BATCH]
                     del self._acks[:MAX_BATCH]
                     await self._commit_acks(acks)
@@ -129,15 +140,40 @@ class Dispatcher:
                     await self._commit_publishes(publishes)
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
-        requests = [r for r, _ in batch]
         try:
-            results = await _publish_batch(requests)
+            results = await _publish_batch([r for r, _ in batch])
         except Exception as exc:  # nothing of this batch was committed
-            logger.exception("publish batch of %d failed", len(batch))
+            results = exc
+        self._settle_publishes(batch, results)
+
+    async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
+        try:
+            await _ack_batch([r for r, _ in batch])
+        except Exception as exc:
+            self._settle_acks(batch, exc)
+        else:
+            self._settle_acks(batch, None)
+
+    async def _commit_both(self, acks: list[tuple[AckRequest, asyncio.Future]],
+                           publishes: list[tuple[PublishRequest, asyncio.Future]]) -> None:
+        try:
+            ack_error, results = await _acks_and_publishes([r for r, _ in acks],
+                                                           [r for r, _ in publishes])
+        except Exception as exc:  # the transaction failed as a whole: nothing committed
+            ack_error, results = exc, exc
+        self._settle_acks(acks, ack_error)
+        self._settle_publishes(publishes, results)
+
+    def _settle_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]],
+                          results: list[Published | ServiceError] | Exception) -> None:
+        """Answer each publish of a committed batch (or fail them all), then wake."""
+        if isinstance(results, Exception):
+            logger.error("publish batch of %d failed", len(batch), exc_info=results)
+            error = results if isinstance(results, ServiceError) else ServiceError(
+                500, "Server error (nothing was committed)")
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(ServiceError(500, "Server error (nothing was committed)")
-                                         if not isinstance(exc, ServiceError) else exc)
+                    future.set_exception(error)
             return
         published: list[Published] = []
         for (_, future), result in zip(batch, results, strict=True):
@@ -152,18 +188,17 @@ class Dispatcher:
                     future.set_result(result)
         self.wake(published)
 
-    async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
-        try:
-            await _ack_batch([r for r, _ in batch])
-        except Exception:
-            logger.exception("ack batch of %d failed", len(batch))
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(ServiceError(500, "Server error (ACK not recorded)"))
-            return
+    @staticmethod
+    def _settle_acks(batch: list[tuple[AckRequest, asyncio.Future]],
+                     error: Exception | None) -> None:
+        if error is not None:
+            logger.error("ack batch of %d failed", len(batch), exc_info=error)
         for _, future in batch:
             if not future.done():
-                future.set_result(None)
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(ServiceError(500, "Server error (ACK not recorded)"))
 
     # ------------------------------------------------------------------ wake-ups
 

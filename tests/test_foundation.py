@@ -338,3 +338,51 @@ def test_ack_commits_skip_the_flush_unless_full_and_restore_it(settings, durabil
         level = cursor.execute("PRAGMA synchronous").fetchone()[0]
     assert level == {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}[
         settings.SMQP_SQLITE_SYNCHRONOUS]
+
+
+def test_acks_and_publishes_share_a_transaction_and_fail_apart(monkeypatch):
+    """One commit for an ACK batch and a publish batch; when the ACK part fails, the
+    publishes are still stored (each part has its own savepoint), and the other way round."""
+    from broker.models import Delivery, Message, Subscription
+    from broker.services import messages as message_service
+    from broker.smqp.message import DataSection
+    from broker.smqp.message import Message as Wire
+
+    root = make_account("root", is_superuser=True)
+    bob = make_account("bob")
+    topic = make_topic("/both")
+    UALEntry.objects.create(topic=topic, principal_kind="account", account=bob,
+                            right="subscribe")
+    Subscription.objects.create(account=bob, resource="MESSAGE", pattern="/both")
+
+    def request(cmuid: str) -> message_service.PublishRequest:
+        return message_service.PublishRequest(
+            account_id=root.pk, guid="root0001", kind="MESSAGE", topic="/both", cmuid=cmuid,
+            message=Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))
+
+    [first] = message_service.publish_batch([request("B1")])
+    ack = message_service.AckRequest(bob.pk, first.smuid, 1)
+    error, results = message_service.acks_and_publishes([ack], [request("B2")])
+    assert error is None and [type(r).__name__ for r in results] == ["Published"]
+    assert Delivery.objects.get(account=bob, message_id=first.smuid).state == "acked"
+    assert Delivery.objects.get(account=bob, message_id=results[0].smuid).state == "pending"
+
+    def broken(_acks):
+        raise RuntimeError("ACK part fails")
+
+    monkeypatch.setattr(message_service, "_record_acks", broken)
+    second = message_service.AckRequest(bob.pk, results[0].smuid, 1)
+    error, results = message_service.acks_and_publishes([second], [request("B3")])
+    assert isinstance(error, RuntimeError)
+    assert Message.objects.filter(pk=results[0].smuid, cmuid="B3").exists()
+    assert Delivery.objects.get(account=bob, message_id=second.smuid).state == "pending"
+    monkeypatch.undo()
+
+    def broken_publish(_requests):
+        raise RuntimeError("publish part fails")
+
+    monkeypatch.setattr(message_service, "publish_batch", broken_publish)
+    error, results = message_service.acks_and_publishes([second], [request("B4")])
+    assert error is None and isinstance(results, RuntimeError)
+    assert Delivery.objects.get(account=bob, message_id=second.smuid).state == "acked"
+    assert not Message.objects.filter(cmuid="B4").exists()

@@ -413,8 +413,34 @@ def ack_batch(acks: list[AckRequest]) -> None:
     messages whose every publish-time subscriber has now ACKed start their timeout; a
     receipt goes to the publisher at the first ACK when asked for. Plain SQL (a handful of
     statements per batch): this runs once per NOTIFY round trip."""
-    if not acks:
-        return
+    if acks:
+        with _ack_transaction():
+            _record_acks(acks)
+
+
+def acks_and_publishes(acks: list[AckRequest], requests: list[PublishRequest]
+                       ) -> tuple[Exception | None, list[Published | ServiceError] | Exception]:
+    """:func:`ack_batch` and :func:`publish_batch` in one transaction: one commit (flushed,
+    as the publishes need) instead of two, for a listener that is ACKing and publishing a
+    few messages at a time. Each part has a savepoint of its own, so one part failing does
+    not undo the other; returns (the ACK part's error or None, the publish results or the
+    publish part's error)."""
+    ack_error: Exception | None = None
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                _record_acks(acks)
+        except Exception as exc:
+            ack_error = exc
+        try:
+            results: list[Published | ServiceError] | Exception = publish_batch(requests)
+        except Exception as exc:
+            results = exc
+    return ack_error, results
+
+
+def _record_acks(acks: list[AckRequest]) -> None:
+    """The statements of an ACK batch, inside the caller's transaction."""
     now = timezone.now()
     at = db_datetime(now)
     acked = Delivery.State.ACKED.value
@@ -428,22 +454,21 @@ def ack_batch(acks: list[AckRequest]) -> None:
               f"last_attempt, next_attempt, acked) SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, "
               f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} "
               f"ON CONFLICT DO NOTHING")
-    with _ack_transaction():
-        newly: list[int] = []
-        with raw_cursor() as cursor:
-            for ack in acks:
-                cursor.execute(update, (acked, at, at, ack.account_id, ack.smuid, acked))
-                if cursor.rowcount > 0:
-                    newly.append(ack.smuid)
-                else:
-                    cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
-                                            ack.smuid))
-        facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
-        receipts = [m for m in newly if facts.get(m, (None, False))[1]]
-        if receipts:
-            _send_receipts(receipts, now)
-        _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
-                      a.smuid, 0, "", {}) for a in acks], now)
+    newly: list[int] = []
+    with raw_cursor() as cursor:
+        for ack in acks:
+            cursor.execute(update, (acked, at, at, ack.account_id, ack.smuid, acked))
+            if cursor.rowcount > 0:
+                newly.append(ack.smuid)
+            else:
+                cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
+                                        ack.smuid))
+    facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
+    receipts = [m for m in newly if facts.get(m, (None, False))[1]]
+    if receipts:
+        _send_receipts(receipts, now)
+    _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
+                  a.smuid, 0, "", {}) for a in acks], now)
 
 
 @contextmanager
