@@ -588,7 +588,10 @@ class SMQPConsumer(AsyncConsumer):
             # The next NOTIFY leaves in the same write as this 310 ACK (one packet, one
             # wake-up of the client instead of two).
             self._pump_task = asyncio.ensure_future(self._pump())
-            await self._pump_task
+            try:
+                await self._pump_task
+            except Exception:  # the ACK is recorded: its 310 ACK still goes out
+                logger.exception("next notification failed for %s", self.peer)
         await self.flush()
 
     async def _record_ack(self) -> bool:
