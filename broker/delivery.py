@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
+from broker import dbthread
 from broker.services import ServiceError
 from broker.services import messages as message_service
 from broker.services.messages import AckRequest, Published, PublishRequest
@@ -37,8 +37,6 @@ MAX_BATCH = 2000
 # arrives meanwhile waits for one such slice at most); with no ACK for a second, MAX_BATCH.
 PUBLISH_SLICE = 64
 ACKING_SECONDS = 1.0
-# ACKs and at most this many publishes waiting together are committed in one transaction.
-MERGE_PUBLISHES = 16
 # How long "this account may receive from this topic" is trusted without asking again. With
 # the UAL cache's own poll (0.5 s) a revoked right stops notifications within a second.
 GRANT_MEMO_SECONDS = 0.2
@@ -48,10 +46,8 @@ GRANT_MEMO_SECONDS = 0.2
 WAKE_GATHER_SECONDS = 0.005
 
 
-# Made once: the group commits run hundreds of times a second.
-_publish_batch = database_sync_to_async(message_service.publish_batch)
-_ack_batch = database_sync_to_async(message_service.ack_batch)
-_acks_and_publishes = database_sync_to_async(message_service.acks_and_publishes)
+_publish_batch = dbthread.wrap(message_service.publish_batch)
+_ack_batch = dbthread.wrap(message_service.ack_batch)
 
 
 class Session(Protocol):
@@ -117,18 +113,10 @@ class Dispatcher:
             await self._work.wait()
             self._work.clear()
             while self._publishes or self._acks:
-                if self._acks:
-                    self._last_ack = loop.time()
-                if self._acks and 0 < len(self._publishes) <= MERGE_PUBLISHES:
-                    # A few of each (a subscriber keeping up with its publishers): one
-                    # transaction, one commit.
-                    acks, self._acks = self._acks, []
-                    publishes, self._publishes = self._publishes, []
-                    await self._commit_both(acks, publishes)
-                    continue
                 # ACKs first: each holds a subscriber's next NOTIFY back. Publishes go in
                 # slices, so an ACK that arrives meanwhile waits for one slice at most.
                 if self._acks:
+                    self._last_ack = loop.time()
                     acks = self._acks[:MAX_BATCH]
                     del self._acks[:MAX_BATCH]
                     await self._commit_acks(acks)
@@ -153,16 +141,6 @@ class Dispatcher:
             self._settle_acks(batch, exc)
         else:
             self._settle_acks(batch, None)
-
-    async def _commit_both(self, acks: list[tuple[AckRequest, asyncio.Future]],
-                           publishes: list[tuple[PublishRequest, asyncio.Future]]) -> None:
-        try:
-            ack_error, results = await _acks_and_publishes([r for r, _ in acks],
-                                                           [r for r, _ in publishes])
-        except Exception as exc:  # the transaction failed as a whole: nothing committed
-            ack_error, results = exc, exc
-        self._settle_acks(acks, ack_error)
-        self._settle_publishes(publishes, results)
 
     def _settle_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]],
                           results: list[Published | ServiceError] | Exception) -> None:
@@ -268,7 +246,7 @@ class Dispatcher:
         """(topic path, Cmuid header, codec message) of a message, from memory or the store."""
         payload = self._cache.get(smuid)
         if payload is None:
-            loaded = await database_sync_to_async(message_service.load_for_delivery)([smuid])
+            loaded = await dbthread.run(message_service.load_for_delivery, [smuid])
             payload = loaded.get(smuid)
         return payload
 
@@ -278,7 +256,7 @@ class Dispatcher:
         cached = self._policies.get(topic_path)
         if cached is not None and cached[0] > loop.time():
             return cached[1]
-        policy = await database_sync_to_async(message_service.retry_policy)(topic_path)
+        policy = await dbthread.run(message_service.retry_policy, topic_path)
         self._policies[topic_path] = (loop.time() + 5.0, policy)
         return policy
 
@@ -290,7 +268,7 @@ class Dispatcher:
         key = (account_id, topic_path)
         if self._grants.get(key, 0.0) > loop.time():
             return True
-        ok = await database_sync_to_async(message_service.deliverable)(account_id, smuid)
+        ok = await dbthread.run(message_service.deliverable, account_id, smuid)
         if ok:
             if len(self._grants) > 10_000:
                 self._grants.clear()
@@ -301,7 +279,7 @@ class Dispatcher:
 
     async def dead(self, account_id: int, smuid: int) -> None:
         """The account's maximum retries are spent for this message."""
-        await database_sync_to_async(message_service.mark_dead)([(account_id, smuid)])
+        await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
 
     def close(self) -> None:
         for task in (self._writer, self._listener, self._sender):

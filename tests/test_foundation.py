@@ -340,49 +340,20 @@ def test_ack_commits_skip_the_flush_unless_full_and_restore_it(settings, durabil
         settings.SMQP_SQLITE_SYNCHRONOUS]
 
 
-def test_acks_and_publishes_share_a_transaction_and_fail_apart(monkeypatch):
-    """One commit for an ACK batch and a publish batch; when the ACK part fails, the
-    publishes are still stored (each part has its own savepoint), and the other way round."""
-    from broker.models import Delivery, Message, Subscription
-    from broker.services import messages as message_service
-    from broker.smqp.message import DataSection
-    from broker.smqp.message import Message as Wire
+def test_lean_rows_store_values_as_the_orm_would():
+    """broker.services.rows writes datetimes and JSON in exactly the form Django's backend
+    writes them, so ORM lookups (expires__lte=now, ordering) see no difference."""
+    from datetime import UTC, datetime, timedelta, timezone
 
-    root = make_account("root", is_superuser=True)
-    bob = make_account("bob")
-    topic = make_topic("/both")
-    UALEntry.objects.create(topic=topic, principal_kind="account", account=bob,
-                            right="subscribe")
-    Subscription.objects.create(account=bob, resource="MESSAGE", pattern="/both")
+    from django.db import connection
 
-    def request(cmuid: str) -> message_service.PublishRequest:
-        return message_service.PublishRequest(
-            account_id=root.pk, guid="root0001", kind="MESSAGE", topic="/both", cmuid=cmuid,
-            message=Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))
+    from broker.services import rows
 
-    [first] = message_service.publish_batch([request("B1")])
-    ack = message_service.AckRequest(bob.pk, first.smuid, 1)
-    error, results = message_service.acks_and_publishes([ack], [request("B2")])
-    assert error is None and [type(r).__name__ for r in results] == ["Published"]
-    assert Delivery.objects.get(account=bob, message_id=first.smuid).state == "acked"
-    assert Delivery.objects.get(account=bob, message_id=results[0].smuid).state == "pending"
-
-    def broken(_acks):
-        raise RuntimeError("ACK part fails")
-
-    monkeypatch.setattr(message_service, "_record_acks", broken)
-    second = message_service.AckRequest(bob.pk, results[0].smuid, 1)
-    error, results = message_service.acks_and_publishes([second], [request("B3")])
-    assert isinstance(error, RuntimeError)
-    assert Message.objects.filter(pk=results[0].smuid, cmuid="B3").exists()
-    assert Delivery.objects.get(account=bob, message_id=second.smuid).state == "pending"
-    monkeypatch.undo()
-
-    def broken_publish(_requests):
-        raise RuntimeError("publish part fails")
-
-    monkeypatch.setattr(message_service, "publish_batch", broken_publish)
-    error, results = message_service.acks_and_publishes([second], [request("B4")])
-    assert error is None and isinstance(results, RuntimeError)
-    assert Delivery.objects.get(account=bob, message_id=second.smuid).state == "acked"
-    assert not Message.objects.filter(cmuid="B4").exists()
+    zones = (UTC, timezone(timedelta(hours=5, minutes=30)))
+    for tz in zones:
+        for micro in (0, 123456):
+            value = datetime(2026, 11, 22, 12, 30, 5, micro, tzinfo=tz)
+            assert rows.db_datetime(value) == connection.ops.adapt_datetimefield_value(value)
+    headers = [["X-Name", "värde"], ["Content-Type", "text/plain"]]
+    assert rows.db_json(headers) == connection.ops.adapt_json_value(headers, None)
+    assert rows.db_datetime(None) is None

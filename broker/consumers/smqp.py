@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from accounts.models import Account, LoginSession
 from accounts.scram import ScramError, ScramServer
+from broker import dbthread
 from broker.delivery import Dispatcher, get_dispatcher
 from broker.services import ServiceError, notify
 from broker.services import accounts as account_service
@@ -65,7 +66,7 @@ class SMQPConsumer(AsyncConsumer):
     async def dispatch(self, message: dict) -> None:
         """Call the event's handler. Channels' own ``dispatch`` first hops to the database
         thread to close stale connections, on every event; here every database call
-        (``database_sync_to_async``) does that itself, so that hop only made each incoming
+        (:mod:`broker.dbthread`) does that itself, so that hop only made each incoming
         line (a subscriber's 310 ACK, say) wait behind whatever commit was running."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
@@ -162,7 +163,7 @@ class SMQPConsumer(AsyncConsumer):
                 notify.account_group(self.account.pk), self.channel_name)
         if self.session is not None:
             session, self.session = self.session, None
-            await database_sync_to_async(auth_service.end_session)(session)
+            await dbthread.run(auth_service.end_session, session)
         raise StopConsumer()
 
     # ------------------------------------------------------------------------------ plumbing
@@ -279,7 +280,7 @@ class SMQPConsumer(AsyncConsumer):
             self.reply(400, "Bad request (no authentication exchange in progress)")
             return
         username, method = self.pending_login
-        throttle = await database_sync_to_async(auth_service.throttle_for)(self.peer_host)
+        throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
         if throttle.refused:
             self.pending_login = None
             self.reply(401, "Unauthorized (too many failed logins; try again later)")
@@ -291,7 +292,7 @@ class SMQPConsumer(AsyncConsumer):
                 raise ScramError("authentication failed")
         except (ScramError, ValueError):
             self.pending_login = None
-            await database_sync_to_async(auth_service.record_failure)(self.peer_host, username)
+            await dbthread.run(auth_service.record_failure, self.peer_host, username)
             self.reply(401, "Unauthorized")
             return
         self._out += b"+ " + base64.b64encode(answer) + b"\r\n"
@@ -300,7 +301,7 @@ class SMQPConsumer(AsyncConsumer):
             self.codec.expect_raw_line()
             return
         self.pending_login = None
-        account = await database_sync_to_async(auth_service.find_account)(username)
+        account = await dbthread.run(auth_service.find_account, username)
         if account is None:  # removed in the middle of the exchange
             self.reply(401, "Unauthorized")
             return
@@ -324,7 +325,7 @@ class SMQPConsumer(AsyncConsumer):
             return
         self.pending_login = None
         await self.flush()
-        throttle = await database_sync_to_async(auth_service.throttle_for)(self.peer_host)
+        throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
         if throttle.refused:
             self.reply(401, "Unauthorized (too many failed logins; try again later)")
             return
@@ -335,14 +336,14 @@ class SMQPConsumer(AsyncConsumer):
             auth_service.check_clear_password, thread_sensitive=False
         )(username, cmd.secret)
         if account is None:
-            await database_sync_to_async(auth_service.record_failure)(self.peer_host, username)
+            await dbthread.run(auth_service.record_failure, self.peer_host, username)
             self.reply(401, "Unauthorized")
             return
         await self._logged_in(account, method)
 
     async def _logged_in(self, account: Account, method: str) -> None:
         """Session set-up after a successful login; then the backlog is offered."""
-        session = await database_sync_to_async(self._begin_session)(account, method)
+        session = await dbthread.run(self._begin_session, account, method)
         self.account = account
         self.session = session
         if self.channel_layer is not None:
@@ -380,7 +381,7 @@ class SMQPConsumer(AsyncConsumer):
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
         """Run a service function in the database thread."""
-        return await database_sync_to_async(fn)(*args)
+        return await dbthread.run(fn, *args)
 
     async def _as_account(self, fn: Callable, *args: Any) -> Any:
         """Run a service function with this account's access snapshot (cached per process,
@@ -389,7 +390,7 @@ class SMQPConsumer(AsyncConsumer):
         def run() -> Any:
             return fn(snapshot_for(self.account), *args)
 
-        return await database_sync_to_async(run)()
+        return await dbthread.run(run)
 
     def reply_list(self, items: list[str], empty: str) -> None:
         self.reply(200, "OK", *(items or [empty]))

@@ -418,27 +418,6 @@ def ack_batch(acks: list[AckRequest]) -> None:
             _record_acks(acks)
 
 
-def acks_and_publishes(acks: list[AckRequest], requests: list[PublishRequest]
-                       ) -> tuple[Exception | None, list[Published | ServiceError] | Exception]:
-    """:func:`ack_batch` and :func:`publish_batch` in one transaction: one commit (flushed,
-    as the publishes need) instead of two, for a listener that is ACKing and publishing a
-    few messages at a time. Each part has a savepoint of its own, so one part failing does
-    not undo the other; returns (the ACK part's error or None, the publish results or the
-    publish part's error)."""
-    ack_error: Exception | None = None
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                _record_acks(acks)
-        except Exception as exc:
-            ack_error = exc
-        try:
-            results: list[Published | ServiceError] | Exception = publish_batch(requests)
-        except Exception as exc:
-            results = exc
-    return ack_error, results
-
-
 def _record_acks(acks: list[AckRequest]) -> None:
     """The statements of an ACK batch, inside the caller's transaction."""
     now = timezone.now()

@@ -12,19 +12,35 @@ caller's transaction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+_vendor: str | None = None
+
+
+def vendor() -> str:
+    """The database vendor (``sqlite`` or ``postgresql``), looked up once per process: these
+    helpers run many times per message, and each ``django.db.connection`` attribute costs a
+    context-local lookup."""
+    global _vendor
+    if _vendor is None:
+        _vendor = connections[DEFAULT_DB_ALIAS].vendor
+    return _vendor
+
 
 def db_datetime(value: datetime | None) -> Any:
-    """A datetime as the database takes it (SQLite: naive UTC text)."""
-    return None if value is None else connection.ops.adapt_datetimefield_value(value)
+    """A datetime as the database takes it: SQLite naive UTC text (what Django's SQLite
+    backend writes), PostgreSQL the aware datetime."""
+    if value is None or vendor() != "sqlite":
+        return value
+    return str(value.astimezone(UTC).replace(tzinfo=None))
 
 
 def from_db_datetime(value: Any) -> datetime | None:
@@ -38,18 +54,21 @@ def from_db_datetime(value: Any) -> datetime | None:
 
 
 def db_json(value: Any) -> Any:
-    return connection.ops.adapt_json_value(value, None)
+    if vendor() == "sqlite":
+        return json.dumps(value)
+    return connections[DEFAULT_DB_ALIAS].ops.adapt_json_value(value, None)
 
 
 def placeholder() -> str:
-    return "?" if connection.vendor == "sqlite" else "%s"
+    return "?" if vendor() == "sqlite" else "%s"
 
 
 @contextmanager
 def raw_cursor() -> Iterator[Any]:
     """The DB-API cursor of the current connection (its transaction is the caller's)."""
-    connection.ensure_connection()
-    with closing(connection.connection.cursor()) as cursor:
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    wrapper.ensure_connection()
+    with closing(wrapper.connection.cursor()) as cursor:
         yield cursor
 
 
@@ -62,11 +81,11 @@ class Table:
         self._sql: dict[tuple[str, bool], str] = {}
 
     def _insert_sql(self, with_pk: bool) -> str:
-        key = (connection.vendor, with_pk)
+        key = (vendor(), with_pk)
         sql = self._sql.get(key)
         if sql is None:
             meta = self.model._meta
-            qn = connection.ops.quote_name
+            qn = connections[DEFAULT_DB_ALIAS].ops.quote_name
             columns = [meta.get_field(f).column for f in self.fields]
             if with_pk:
                 columns.insert(0, meta.pk.column)
@@ -86,7 +105,7 @@ class Table:
         if not rows:
             return []
         with raw_cursor() as cursor:
-            if connection.vendor == "postgresql":
+            if vendor() == "postgresql":
                 # Take the keys from the sequence first, then insert them explicitly: one
                 # round trip for the keys and one pipelined executemany for the rows.
                 meta = self.model._meta
