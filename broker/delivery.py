@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from broker import dbthread
 from broker.services import ServiceError
@@ -53,6 +54,9 @@ _ack_batch = dbthread.wrap(message_service.ack_batch)
 class Session(Protocol):
     account_id: int
 
+    @property
+    def idle(self) -> bool: ...
+
     def offer(self, priority: int, smuid: int) -> None: ...
 
 
@@ -72,6 +76,7 @@ class Dispatcher:
         self._last_ack = float("-inf")
         self._writer = asyncio.ensure_future(self._write_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
+        self._sweeper = asyncio.ensure_future(self._sweep_loop())
 
     # ------------------------------------------------------------------ sessions
 
@@ -232,6 +237,33 @@ class Dispatcher:
             if event.get("type") == "dispatch.wake" and event.get("origin") != self.origin:
                 self.offer((p, s, a) for p, s, a in event["items"])
 
+    async def _sweep_loop(self) -> None:
+        """Every ``SMQP_BACKLOG_SWEEP_SECONDS``, sessions with nothing to send are offered
+        what the store holds for their account (one query for all of them). Wake-ups are
+        hints that can be lost on their way between processes; this bounds the delay."""
+        period = settings.SMQP_BACKLOG_SWEEP_SECONDS
+        if period <= 0:
+            return
+        while True:
+            await asyncio.sleep(period)
+            idle: dict[int, list[Session]] = {}
+            for account_id, sessions in self.sessions.items():
+                quiet = [s for s in sessions if s.idle]
+                if quiet:
+                    idle[account_id] = quiet
+            if not idle:
+                continue
+            try:
+                rows = await dbthread.run(message_service.backlog_for, list(idle))
+            except Exception:
+                logger.exception("backlog sweep failed; trying again next period")
+                continue
+            for account_id, priority, smuid in rows:
+                live = self.sessions.get(account_id, ())
+                for session in idle.get(account_id, ()):
+                    if session in live:  # it may have left during the query
+                        session.offer(priority, smuid)
+
     # ------------------------------------------------------------------ message payloads
 
     def _remember(self, smuid: int, payload: tuple[str, str, Any]) -> None:
@@ -282,7 +314,7 @@ class Dispatcher:
         await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
 
     def close(self) -> None:
-        for task in (self._writer, self._listener, self._sender):
+        for task in (self._writer, self._listener, self._sender, self._sweeper):
             if task is not None:
                 task.cancel()
 

@@ -226,6 +226,10 @@ SMQP_MAX_MESSAGE_BYTES = env_int("SMQP_MAX_MESSAGE_BYTES", 64 * 1024 * 1024)
 SMQP_LOGIN_TIMEOUT = env_int("SMQP_LOGIN_TIMEOUT", 60)
 # A logged-in connection with no traffic either way for this long is closed.
 SMQP_IDLE_TIMEOUT = env_int("SMQP_IDLE_TIMEOUT", 1800)
+# How often a listener's sessions with nothing to send look in the store for messages that
+# are waiting for their account: a wake-up lost between processes (Redis restarting, say)
+# then delays a message by this much instead of until the next login. 0 turns it off.
+SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
 # Seconds between NOTIFY SERVER BYE and the close on shutdown.
 SMQP_SHUTDOWN_GRACE = env_int("SMQP_SHUTDOWN_GRACE", 5)
 SMQP_LOGIN_FAILURES_BEFORE_DELAY = env_int("SMQP_LOGIN_FAILURES_BEFORE_DELAY", 3)

@@ -128,6 +128,34 @@ def test_two_listeners_share_the_work(env):
         stop_listener(b)
 
 
+@pytest.mark.parametrize("sweep", ["1", "0"])
+def test_a_lost_wake_up_delays_a_message_by_one_sweep_period(env, sweep):
+    """Listener B hears nothing of A's wake-ups (another channel-layer prefix: as if each of
+    them were lost on the way). B's idle session still gets what A stored, in order, from
+    B's backlog sweep; with the sweep off it gets nothing until it logs in again."""
+    environment, var = env
+    a = start_listener(environment, var, name="a")
+    b = start_listener({**environment, "SMQP_CHANNEL_PREFIX": f"other-{uuid.uuid4().hex[:8]}",
+                        "SMQP_BACKLOG_SWEEP_SECONDS": sweep}, var, name="b")
+    try:
+        with Session(b.host, b.port, "bob") as bob, Session(a.host, a.port, "root") as pub:
+            assert bob.command("SUB MESSAGE /d").code == 200
+            sent = [smuid_of(pub.publish("/d", f"L{i}")) for i in range(3)]
+            if sweep == "0":
+                assert bob.quiet(3)
+            else:
+                got = []
+                for _ in sent:
+                    got.append(int(header(bob.message(timeout=10), "Smuid").rsplit("/", 1)[1]))
+                    bob.ack()
+                assert got == sent
+                assert bob.quiet(2.5)  # and each only once
+            bob.command("UNSUB *")
+    finally:
+        stop_listener(a)
+        stop_listener(b)
+
+
 def test_celery_worker_moves_expired_messages_to_trash(env):
     environment, var = env
     environment = {**environment, "SMQP_EXPIRY_SWEEP_SECONDS": "1"}

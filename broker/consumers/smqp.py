@@ -529,6 +529,11 @@ class SMQPConsumer(AsyncConsumer):
         self._queued.add(smuid)
         self._kick()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing waiting (the dispatcher's backlog sweep asks)."""
+        return self.inflight is None and not self._waiting and not self.closing
+
     def forget(self, smuid: int) -> None:
         """Another session of the account ACKed it: do not send it here any more."""
         if smuid in self._queued:

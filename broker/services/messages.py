@@ -618,14 +618,19 @@ def load_for_delivery(message_ids: list[int]) -> dict[int, tuple[str, str, codec
 def backlog(account_id: int, limit: int = 10_000) -> list[tuple[int, int]]:
     """(priority, smuid) of messages waiting for the account: not yet ACKed by it, still
     pending and not expired, in the order they must go (priority, then publish order)."""
+    return [(priority, smuid) for _, priority, smuid in backlog_for([account_id], limit)]
+
+
+def backlog_for(account_ids: list[int], limit: int = 10_000) -> list[tuple[int, int, int]]:
+    """:func:`backlog` of several accounts at once: (account, priority, smuid), in order."""
     now = timezone.now()
     rows = Delivery.objects.filter(
-        account_id=account_id,
+        account_id__in=account_ids,
         state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
         message__state=Message.State.PENDING,
     ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).values_list(
-        "message__priority", "message_id")[:limit]
-    return sorted(((p or NO_PRIORITY), m) for p, m in rows)
+        "account_id", "message__priority", "message_id")[:limit]
+    return sorted((a, p or NO_PRIORITY, m) for a, p, m in rows)
 
 
 def subscribe_backlog(account_id: int, topics: list[Topic], since: datetime | None) -> list[int]:
