@@ -153,7 +153,7 @@ def test_a_revoke_elsewhere_takes_effect_within_one_second():
 def test_the_generation_is_read_at_most_every_half_second(clock, monkeypatch):
     reads = []
     real_get = cache.get
-    monkeypatch.setattr(resolution.cache, "get",
+    monkeypatch.setattr(cache, "get",
                         lambda key, *a, **kw: (reads.append(key), real_get(key, *a, **kw))[1])
     first = current_generation()
     for _ in range(100):
@@ -239,7 +239,7 @@ def test_without_the_shared_cache_nothing_is_cached(monkeypatch):
     def down(*args, **kwargs):
         raise ConnectionError("redis is down")
 
-    monkeypatch.setattr(resolution.cache, "get", down)
+    monkeypatch.setattr(cache, "get", down)
     invalidate_local()
     first, second = current_generation(), current_generation()
     assert first != second and first < 0 and second < 0

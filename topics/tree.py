@@ -9,13 +9,15 @@ change is seen here immediately and everywhere within about half a second.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import transaction
+
+from broker import generations
 
 GENERATION_KEY = "topics:generation"
 POLL_SECONDS = 0.5
@@ -108,7 +110,7 @@ _checked_at = 0.0
 
 def _shared_generation() -> int | None:
     try:
-        return cache.get(GENERATION_KEY)
+        return generations.read(GENERATION_KEY)
     except Exception:  # the cache being away must not stop reads; reload instead
         return None
 
@@ -164,11 +166,9 @@ def changed() -> None:
 
     def bump() -> None:
         bump_local()
-        try:
-            if not cache.add(GENERATION_KEY, 1, timeout=None):
-                cache.incr(GENERATION_KEY)
-        except Exception:
-            pass  # other processes fall back to their next poll of a reachable cache
+        # Unreachable: other processes fall back to their next poll of a reachable cache.
+        with contextlib.suppress(Exception):
+            generations.bump(GENERATION_KEY)
 
     # At once as well: the changing thread then reads its own writes inside the transaction;
     # a reload by another thread before the commit is undone by the bump after it.

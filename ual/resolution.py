@@ -29,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q
+
+from broker import generations
 
 from .models import Effect, PrincipalKind, Right, UALEntry
 
@@ -237,13 +238,7 @@ class _SnapshotCache:
 
 
 def _read_generation() -> int:
-    value = cache.get(GENERATION_KEY)
-    if value is None:
-        # First use (or the shared cache lost it): start from a number no process can have
-        # seen before, so that a reset never looks like "nothing changed".
-        cache.add(GENERATION_KEY, time.time_ns() // 1000, timeout=None)
-        value = cache.get(GENERATION_KEY)
-    return int(value)
+    return generations.read(GENERATION_KEY)
 
 
 _DIRTY = "ual_changed_in_transaction"
@@ -306,11 +301,7 @@ def bump_generation() -> None:
     generation and drop this process's snapshots. Call it after the change committed (see
     :func:`changed`)."""
     try:
-        try:
-            cache.incr(GENERATION_KEY)
-        except ValueError:  # missing: create it, or someone else just did
-            if not cache.add(GENERATION_KEY, time.time_ns() // 1000, timeout=None):
-                cache.incr(GENERATION_KEY)
+        generations.bump(GENERATION_KEY)
     except Exception:
         logger.exception("could not bump the UAL generation; other processes may decide "
                          "from stale access lists for a while")
