@@ -6,6 +6,24 @@ from django.conf import settings
 from django.db import models
 
 
+class AppendOnlyModel(models.Model):
+    """A log whose rows are never changed or deleted once written: ``save`` of a stored row
+    and ``delete`` raise ``PermissionError`` with the model's :attr:`append_only_refusal`."""
+
+    append_only_refusal = "rows are append-only"
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise PermissionError(self.append_only_refusal)
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError(self.append_only_refusal)
+
+
 class Message(models.Model):
     """A published message. Its primary key is its smuid: it grows monotonically per server
     (all processes share the database) and is what clients name in GET and REPUBLISH."""
@@ -139,8 +157,10 @@ class Delivery(models.Model):
         indexes = [models.Index(fields=["account", "state"])]
 
 
-class UsageEvent(models.Model):
+class UsageEvent(AppendOnlyModel):
     """Append-only log of what happened, for the nightly reports. Rows are never changed."""
+
+    append_only_refusal = "usage events are append-only"
 
     class Kind(models.TextChoices):
         LOGIN = "login", "login"
@@ -167,11 +187,3 @@ class UsageEvent(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
-
-    def save(self, *args, **kwargs) -> None:
-        if self.pk is not None and not self._state.adding:
-            raise PermissionError("usage events are append-only")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise PermissionError("usage events are append-only")

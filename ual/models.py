@@ -7,6 +7,8 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from broker.models import AppendOnlyModel
+
 
 class Right(models.TextChoices):
     PUBLISH = "publish", "publish"
@@ -125,7 +127,7 @@ class AuditQuerySet(models.QuerySet):
         raise PermissionError("the UAL audit log is append-only")
 
 
-class UALAuditLog(models.Model):
+class UALAuditLog(AppendOnlyModel):
     """One change of one UAL entry: who made it, when, and the entry before and after.
 
     Written by :mod:`ual.signals` in the transaction that made the change; never changed or
@@ -142,6 +144,8 @@ class UALAuditLog(models.Model):
         db_index=True,
         help_text='The admin user, "manage.py grant", or "system" (any other code path).',
     )
+    append_only_refusal = "the UAL audit log is append-only"
+
     action = models.CharField(max_length=16, choices=Action.choices)
     entry_id = models.BigIntegerField("entry id", db_index=True)
     topic = models.CharField(max_length=1024, help_text="The topic's path at the time.")
@@ -158,11 +162,3 @@ class UALAuditLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action}: {self.summary}"
-
-    def save(self, *args, **kwargs) -> None:
-        if self.pk is not None and not self._state.adding:
-            raise PermissionError("the UAL audit log is append-only")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise PermissionError("the UAL audit log is append-only")
