@@ -81,6 +81,18 @@ def base_env(var_dir: Path, database_url: str) -> dict[str, str]:
     return env
 
 
+def accounts_script(*names: str) -> str:
+    """Python for ``manage.py shell -c`` that creates accounts with the password ``pw``;
+    ``root`` is a superuser (and staff), the others plain accounts."""
+    return (
+        "from accounts.models import Account\n"
+        f"for name in {list(names)!r}:\n"
+        "    a = Account(username=name, is_superuser=name == 'root', is_staff=name == 'root')\n"
+        "    a.set_password('pw')\n"
+        "    a.save()\n"
+    )
+
+
 def start_listener(env: dict[str, str], var_dir: Path, *extra_args: str,
                    name: str = "smqp") -> BrokerProcess:
     log_path = var_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
@@ -188,13 +200,7 @@ def fresh_broker(request, tmp_path_factory) -> Iterator[BrokerProcess]:
     base = tmp_path_factory.mktemp(f"fresh-{request.param}")
     url, pg_name = _fresh_database(request.param, base)
     env = base_env(base, url)
-    script = (
-        "from accounts.models import Account\n"
-        "for name, su in [('root', True), ('bob', False), ('alice', False), ('jtegen', False)]:\n"
-        "    a = Account(username=name, is_superuser=su, is_staff=su)\n"
-        "    a.set_password('pw')\n"
-        "    a.save()\n"
-    )
+    script = accounts_script("root", "bob", "alice", "jtegen")
     try:
         run_manage(env, "migrate", "--noinput")
         run_manage(env, "shell", "--no-imports", "-c", script)

@@ -23,7 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, BrokerProcess, base_env, run_manage, start_listener, stop_listener
+from tests.conftest import (
+    ROOT,
+    BrokerProcess,
+    accounts_script,
+    base_env,
+    run_manage,
+    start_listener,
+    stop_listener,
+)
 from tests.smqp_client import RawClient
 
 pytestmark = pytest.mark.e2e
@@ -57,13 +65,8 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("browser")
     env = base_env(base, f"sqlite:///{base / 'browser.sqlite3'}")
     run_manage(env, "migrate", "--noinput")
-    run_manage(env, "shell", "--no-imports", "-c", """
-from accounts.models import Account
+    run_manage(env, "shell", "--no-imports", "-c", accounts_script("root", "bob") + """
 from topics.models import Topic
-for name, su in [("root", True), ("bob", False)]:
-    a = Account(username=name, is_superuser=su, is_staff=su)
-    a.set_password("pw")
-    a.save()
 stocks = Topic.objects.create(path="/stocks")
 Topic.objects.create(path="/stocks/ibm", parent=stocks)
 """)

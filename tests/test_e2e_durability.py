@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import (
     ROOT,
     _fresh_database,
+    accounts_script,
     base_env,
     run_manage,
     start_listener,
@@ -25,14 +26,9 @@ from tests.smqp_session import Session, header, smuid_of
 
 pytestmark = pytest.mark.e2e
 
-SETUP = """
-from accounts.models import Account
+SETUP = accounts_script("root", "bob") + """
 from topics.models import Topic
 from ual.models import UALEntry
-for name, su in [('root', True), ('bob', False)]:
-    a = Account(username=name, is_superuser=su, is_staff=su)
-    a.set_password('pw')
-    a.save()
 d = Topic.objects.create(path='/d')
 Topic.objects.create(path='/d/exp', parent=d)
 UALEntry.objects.create(topic=d, principal_kind='account',
