@@ -136,23 +136,8 @@ class Dispatcher:
         try:
             results = await _publish_batch([r for r, _ in batch])
         except Exception as exc:  # nothing of this batch was committed
-            results = exc
-        self._settle_publishes(batch, results)
-
-    async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
-        try:
-            await _ack_batch([r for r, _ in batch])
-        except Exception as exc:
-            self._settle_acks(batch, exc)
-        else:
-            self._settle_acks(batch, None)
-
-    def _settle_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]],
-                          results: list[Published | ServiceError] | Exception) -> None:
-        """Answer each publish of a committed batch (or fail them all), then wake."""
-        if isinstance(results, Exception):
-            logger.error("publish batch of %d failed", len(batch), exc_info=results)
-            error = results if isinstance(results, ServiceError) else ServiceError(
+            logger.exception("publish batch of %d failed", len(batch))
+            error = exc if isinstance(exc, ServiceError) else ServiceError(
                 500, "Server error (nothing was committed)")
             for _, future in batch:
                 if not future.done():
@@ -171,17 +156,18 @@ class Dispatcher:
                     future.set_result(result)
         self.wake(published)
 
-    @staticmethod
-    def _settle_acks(batch: list[tuple[AckRequest, asyncio.Future]],
-                     error: Exception | None) -> None:
-        if error is not None:
-            logger.error("ack batch of %d failed", len(batch), exc_info=error)
+    async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
+        try:
+            await _ack_batch([r for r, _ in batch])
+        except Exception:
+            logger.exception("ack batch of %d failed", len(batch))
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(ServiceError(500, "Server error (ACK not recorded)"))
+            return
         for _, future in batch:
             if not future.done():
-                if error is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(ServiceError(500, "Server error (ACK not recorded)"))
+                future.set_result(None)
 
     # ------------------------------------------------------------------ wake-ups
 

@@ -1,9 +1,10 @@
 """The business rules of the broker, written once. Every door (SMQP, WebSocket, REST, admin,
 management commands) calls these functions; none re-implements a rule.
 
-Service functions are synchronous (they use the ORM); async doors call them through
-``channels.db.database_sync_to_async``. They raise :class:`ServiceError` with the SMQP reply
-code that describes the refusal, so every door can map it to its own wire form.
+Service functions are synchronous (they use the ORM); async doors call them on a database
+thread (the SMQP listener through :mod:`broker.dbthread`). They raise :class:`ServiceError`
+with the SMQP reply code that describes the refusal, so every door can map it to its own wire
+form.
 """
 
 from __future__ import annotations

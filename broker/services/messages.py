@@ -413,13 +413,8 @@ def ack_batch(acks: list[AckRequest]) -> None:
     messages whose every publish-time subscriber has now ACKed start their timeout; a
     receipt goes to the publisher at the first ACK when asked for. Plain SQL (a handful of
     statements per batch): this runs once per NOTIFY round trip."""
-    if acks:
-        with _ack_transaction():
-            _record_acks(acks)
-
-
-def _record_acks(acks: list[AckRequest]) -> None:
-    """The statements of an ACK batch, inside the caller's transaction."""
+    if not acks:
+        return
     now = timezone.now()
     at = db_datetime(now)
     acked = Delivery.State.ACKED.value
@@ -433,21 +428,22 @@ def _record_acks(acks: list[AckRequest]) -> None:
               f"last_attempt, next_attempt, acked) SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, "
               f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} "
               f"ON CONFLICT DO NOTHING")
-    newly: list[int] = []
-    with raw_cursor() as cursor:
-        for ack in acks:
-            cursor.execute(update, (acked, at, at, ack.account_id, ack.smuid, acked))
-            if cursor.rowcount > 0:
-                newly.append(ack.smuid)
-            else:
-                cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
-                                        ack.smuid))
-    facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
-    receipts = [m for m in newly if facts.get(m, (None, False))[1]]
-    if receipts:
-        _send_receipts(receipts, now)
-    _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
-                  a.smuid, 0, "", {}) for a in acks], now)
+    with _ack_transaction():
+        newly: list[int] = []
+        with raw_cursor() as cursor:
+            for ack in acks:
+                cursor.execute(update, (acked, at, at, ack.account_id, ack.smuid, acked))
+                if cursor.rowcount > 0:
+                    newly.append(ack.smuid)
+                else:
+                    cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
+                                            ack.smuid))
+        facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
+        receipts = [m for m in newly if facts.get(m, (None, False))[1]]
+        if receipts:
+            _send_receipts(receipts, now)
+        _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
+                      a.smuid, 0, "", {}) for a in acks], now)
 
 
 @contextmanager
