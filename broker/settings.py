@@ -230,6 +230,10 @@ SMQP_IDLE_TIMEOUT = env_int("SMQP_IDLE_TIMEOUT", 1800)
 # are waiting for their account: a wake-up lost between processes (Redis restarting, say)
 # then delays a message by this much instead of until the next login. 0 turns it off.
 SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
+# A session reads the messages waiting for its account this many at a time (in delivery
+# order), and the next page once it has sent those: a backlog of millions costs no more
+# memory than this.
+SMQP_BACKLOG_PAGE = env_int("SMQP_BACKLOG_PAGE", 10_000)
 # Seconds between NOTIFY SERVER BYE and the close on shutdown.
 SMQP_SHUTDOWN_GRACE = env_int("SMQP_SHUTDOWN_GRACE", 5)
 SMQP_LOGIN_FAILURES_BEFORE_DELAY = env_int("SMQP_LOGIN_FAILURES_BEFORE_DELAY", 3)

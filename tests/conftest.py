@@ -12,6 +12,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,24 +192,34 @@ def _fresh_database(backend: str, base: Path) -> tuple[str, str | None]:
     return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname, dbname
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def fresh_broker(request, tmp_path_factory) -> Iterator[BrokerProcess]:
-    """A listener on a database of its own for one test module, with the superuser ``root``
-    and the plain accounts ``bob``, ``alice`` and ``jtegen`` (password ``pw``)."""
+@contextmanager
+def fresh_listener(backend: str, base: Path,
+                   extra_env: dict[str, str] | None = None) -> Iterator[BrokerProcess]:
+    """A listener on a database of its own (``backend``), with the superuser ``root`` and
+    the plain accounts ``bob``, ``alice`` and ``jtegen`` (password ``pw``); ``extra_env``
+    adds settings for it."""
     import psycopg
 
-    base = tmp_path_factory.mktemp(f"fresh-{request.param}")
-    url, pg_name = _fresh_database(request.param, base)
-    env = base_env(base, url)
+    url, pg_name = _fresh_database(backend, base)
+    env = {**base_env(base, url), **(extra_env or {})}
     script = accounts_script("root", "bob", "alice", "jtegen")
     try:
         run_manage(env, "migrate", "--noinput")
         run_manage(env, "shell", "--no-imports", "-c", script)
-        broker = start_listener(env, base, name=f"fresh-{request.param}")
-        broker.extra["backend"] = request.param
-        yield broker
-        stop_listener(broker)
+        broker = start_listener(env, base, name=f"fresh-{backend}")
+        broker.extra["backend"] = backend
+        try:
+            yield broker
+        finally:
+            stop_listener(broker)
     finally:
         if pg_name:
             with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def fresh_broker(request, tmp_path_factory) -> Iterator[BrokerProcess]:
+    """:func:`fresh_listener` for one test module, on each backend."""
+    with fresh_listener(request.param, tmp_path_factory.mktemp(f"fresh-{request.param}")) as b:
+        yield b

@@ -95,6 +95,10 @@ class SMQPConsumer(AsyncConsumer):
         self._waiting: list[tuple[int, int]] = []
         self._queued: set[int] = set()
         self._skip: set[int] = set()
+        # Set while the store holds more waiting messages than were read (a backlog longer
+        # than a page): the (priority, smuid) of the last one read. Messages after it are
+        # read with the next page, not offered one by one.
+        self._horizon: tuple[int, int] | None = None
         self.inflight: int | None = None
         self._inflight_payload: tuple | None = None
         self._attempts = 0
@@ -352,8 +356,7 @@ class SMQPConsumer(AsyncConsumer):
         self.account_id = account.pk
         self.dispatcher = get_dispatcher()
         self.dispatcher.register(self)
-        for priority, smuid in await self._call(message_service.backlog, account.pk):
-            self.offer(priority, smuid)
+        await self._read_backlog()
         self._arm_watchdog(settings.SMQP_IDLE_TIMEOUT)
         self.reply(
             200,
@@ -455,8 +458,7 @@ class SMQPConsumer(AsyncConsumer):
             covered = ["SERVER TIMEOUT"]
         self.reply(200, "OK", *covered)
         if cmd.resource == "MESSAGE":
-            for priority, smuid in await self._call(message_service.backlog, self.account_id):
-                self.offer(priority, smuid)
+            await self._read_backlog()
 
     async def cmd_unsubscribe(self, cmd: c.Unsubscribe) -> None:
         removed = await self._as_account(
@@ -521,10 +523,23 @@ class SMQPConsumer(AsyncConsumer):
 
     # ------------------------------------------------------------------------ delivery
 
+    async def _read_backlog(self) -> None:
+        """Offer what the store holds for the account, a page at a time (in order)."""
+        rows = await self._call(message_service.backlog, self.account_id)
+        horizon = rows[-1] if len(rows) >= settings.SMQP_BACKLOG_PAGE else None
+        # The same full page again means none of it could go (withdrawn, say): stop paging
+        # rather than read it in a loop; the dispatcher's sweep offers the rest later.
+        self._horizon = horizon if horizon != self._horizon else None
+        for priority, smuid in rows:
+            self.offer(priority, smuid)
+        self._kick()
+
     def offer(self, priority: int, smuid: int) -> None:
         """A message for this session's account (called by the dispatcher)."""
         if smuid in self._queued or smuid == self.inflight or smuid in self._skip:
             return
+        if self._horizon is not None and (priority, smuid) > self._horizon:
+            return  # stored, and comes with the next page of the backlog
         heapq.heappush(self._waiting, (priority, smuid))
         self._queued.add(smuid)
         self._kick()
@@ -532,7 +547,8 @@ class SMQPConsumer(AsyncConsumer):
     @property
     def idle(self) -> bool:
         """Nothing in flight and nothing waiting (the dispatcher's backlog sweep asks)."""
-        return self.inflight is None and not self._waiting and not self.closing
+        return (self.inflight is None and not self._waiting and self._horizon is None
+                and not self.closing)
 
     def forget(self, smuid: int) -> None:
         """Another session of the account ACKed it: do not send it here any more."""
@@ -540,12 +556,20 @@ class SMQPConsumer(AsyncConsumer):
             self._skip.add(smuid)
 
     def _kick(self) -> None:
-        if (self.inflight is None and self._waiting and not self.suspended
+        if (self.inflight is None and (self._waiting or self._horizon is not None)
+                and not self.suspended
                 and not self.closing and (self._pump_task is None or self._pump_task.done())):
             self._pump_task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
-        while self.inflight is None and self._waiting and not self.suspended and not self.closing:
+        while self.inflight is None and not self.suspended and not self.closing:
+            if not self._waiting:
+                if self._horizon is None:
+                    break
+                await self._read_backlog()  # the next page
+                if not self._waiting:
+                    break
+                continue
             _, smuid = heapq.heappop(self._waiting)
             self._queued.discard(smuid)
             if smuid in self._skip:

@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, Sum, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
@@ -611,38 +612,68 @@ def load_for_delivery(message_ids: list[int]) -> dict[int, tuple[str, str, codec
     return out
 
 
-def backlog(account_id: int, limit: int = 10_000) -> list[tuple[int, int]]:
+def backlog(account_id: int, limit: int | None = None) -> list[tuple[int, int]]:
     """(priority, smuid) of messages waiting for the account: not yet ACKed by it, still
-    pending and not expired, in the order they must go (priority, then publish order)."""
+    pending and not expired, in the order they must go (priority, then publish order). At
+    most ``limit`` (``SMQP_BACKLOG_PAGE``): the first ones in that order, so a caller that
+    got a full page asks again once it has sent these (the ACKed ones no longer wait)."""
     return [(priority, smuid) for _, priority, smuid in backlog_for([account_id], limit)]
 
 
-def backlog_for(account_ids: list[int], limit: int = 10_000) -> list[tuple[int, int, int]]:
-    """:func:`backlog` of several accounts at once: (account, priority, smuid), in order."""
+def backlog_for(account_ids: list[int],
+                limit: int | None = None) -> list[tuple[int, int, int]]:
+    """:func:`backlog` of several accounts at once: (account, priority, smuid), in order
+    (``limit`` counts the rows of all of them)."""
     now = timezone.now()
+    limit = limit or settings.SMQP_BACKLOG_PAGE
     rows = Delivery.objects.filter(
         account_id__in=account_ids,
         state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
         message__state=Message.State.PENDING,
-    ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).values_list(
-        "account_id", "message__priority", "message_id")[:limit]
-    return sorted((a, p or NO_PRIORITY, m) for a, p, m in rows)
+    ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).order_by(
+        Coalesce("message__priority", Value(NO_PRIORITY)), "message_id",
+    ).values_list("account_id", "message__priority", "message_id")[:limit]
+    return [(a, p or NO_PRIORITY, m) for a, p, m in rows]
 
 
-def subscribe_backlog(account_id: int, topics: list[Topic], since: datetime | None) -> list[int]:
+def subscribe_backlog(account_id: int, topics: list[Topic | Node],
+                      since: datetime | None) -> int:
     """A new MESSAGE subscription: messages still held on these topics (published after
-    ``since``, not expired) that the account never got become pending deliveries for it."""
+    ``since``, not expired) that the account never got become pending deliveries for it,
+    however many there are (one INSERT ... SELECT; the session reads them page by page).
+    On a topic in delivery mode ``queue`` only messages no subscriber holds yet: each
+    message goes to one subscriber. Returns how many deliveries were added."""
     now = timezone.now()
-    qs = Message.objects.filter(
-        topic_id__in=[t.resolved().pk for t in topics], state=Message.State.PENDING,
-    ).filter(Q(expires__isnull=True) | Q(expires__gt=now)).exclude(
-        deliveries__account_id=account_id)
-    if since is not None:
-        qs = qs.filter(received__gte=since)
-    ids = list(qs.order_by("pk").values_list("pk", flat=True)[:10_000])
-    Delivery.objects.bulk_create([Delivery(account_id=account_id, message_id=m) for m in ids],
-                                 ignore_conflicts=True)
-    return ids
+    by_mode: dict[bool, set[int]] = defaultdict(set)
+    for topic in topics:
+        target = topic.resolved()
+        by_mode[target.delivery_mode == Topic.DeliveryMode.QUEUE].add(target.pk)
+    ph = placeholder()
+    deliveries, messages = Delivery._meta.db_table, Message._meta.db_table
+    added = 0
+    with raw_cursor() as cursor:
+        for queue, topic_ids in by_mode.items():
+            if not topic_ids:
+                continue
+            held_by = "" if queue else f"AND d.account_id = {ph} "
+            params: list = [account_id, Delivery.State.PENDING.value, db_datetime(now),
+                            *sorted(topic_ids), Message.State.PENDING.value, db_datetime(now)]
+            received = ""
+            if since is not None:
+                received = f"AND m.received >= {ph} "
+                params.append(db_datetime(since))
+            if not queue:
+                params.append(account_id)
+            cursor.execute(
+                f"INSERT INTO {deliveries} (account_id, message_id, state, attempts, created, "
+                f"last_attempt, next_attempt, acked) "
+                f"SELECT {ph}, m.id, {ph}, 0, {ph}, NULL, NULL, NULL FROM {messages} m "
+                f"WHERE m.topic_id IN ({', '.join([ph] * len(topic_ids))}) AND m.state = {ph} "
+                f"AND (m.expires IS NULL OR m.expires > {ph}) {received}"
+                f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
+                f"{held_by}) ORDER BY m.id ON CONFLICT DO NOTHING", params)
+            added += max(cursor.rowcount, 0)
+    return added
 
 
 def get_messages(snapshot: AccessSnapshot, path: str,

@@ -1,0 +1,53 @@
+"""The backlog queries of the message service (no socket needed for these rules)."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from broker.models import Delivery, Message
+from broker.services import messages as message_service
+from tests.factories import make_account
+from topics.models import Topic
+
+pytestmark = pytest.mark.django_db
+
+
+def held(topic: Topic, count: int, priorities: dict[int, int] | None = None) -> list[int]:
+    now = timezone.now()
+    priorities = priorities or {}
+    Message.objects.bulk_create([
+        Message(topic=topic, cmuid=f"c{i}", created=now, priority=priorities.get(i))
+        for i in range(count)])
+    return list(Message.objects.filter(topic=topic).order_by("pk").values_list("pk", flat=True))
+
+
+def test_a_new_subscription_gets_every_held_message_however_many():
+    bob = make_account("bob")
+    topic = Topic.objects.create(path="/many")
+    ids = held(topic, 10_050)  # more than one page of the session's backlog
+    assert message_service.subscribe_backlog(bob.pk, [topic], None) == 10_050
+    assert sorted(Delivery.objects.filter(account=bob).values_list("message_id", flat=True)) == ids
+    # Subscribing again adds nothing: every held message is already the account's.
+    assert message_service.subscribe_backlog(bob.pk, [topic], None) == 0
+
+
+def test_a_backlog_page_is_the_first_messages_in_delivery_order():
+    bob = make_account("bob")
+    topic = Topic.objects.create(path="/order")
+    ids = held(topic, 6, priorities={4: 1, 2: 3})
+    message_service.subscribe_backlog(bob.pk, [topic], None)
+    page = message_service.backlog(bob.pk, limit=3)
+    assert [smuid for _, smuid in page] == [ids[4], ids[2], ids[0]]
+    everything = message_service.backlog(bob.pk, limit=100)
+    assert [smuid for _, smuid in everything] == [ids[4], ids[2], ids[0], ids[1], ids[3], ids[5]]
+
+
+def test_a_queue_topic_backlog_skips_messages_another_subscriber_holds():
+    bob, alice = make_account("bob"), make_account("alice")
+    topic = Topic.objects.create(path="/q", delivery_mode=Topic.DeliveryMode.QUEUE)
+    ids = held(topic, 3)
+    Delivery.objects.create(account=bob, message_id=ids[0])
+    assert message_service.subscribe_backlog(alice.pk, [topic], None) == 2
+    assert sorted(Delivery.objects.filter(account=alice).values_list("message_id", flat=True)) \
+        == ids[1:]
