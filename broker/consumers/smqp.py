@@ -526,10 +526,7 @@ class SMQPConsumer(AsyncConsumer):
     async def _read_backlog(self) -> None:
         """Offer what the store holds for the account, a page at a time (in order)."""
         rows = await self._call(message_service.backlog, self.account_id)
-        horizon = rows[-1] if len(rows) >= settings.SMQP_BACKLOG_PAGE else None
-        # The same full page again means none of it could go (withdrawn, say): stop paging
-        # rather than read it in a loop; the dispatcher's sweep offers the rest later.
-        self._horizon = horizon if horizon != self._horizon else None
+        self._horizon = rows[-1] if len(rows) >= settings.SMQP_BACKLOG_PAGE else None
         for priority, smuid in rows:
             self.offer(priority, smuid)
         self._kick()
@@ -562,13 +559,18 @@ class SMQPConsumer(AsyncConsumer):
             self._pump_task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
+        sent = True  # since the last page was read
         while self.inflight is None and not self.suspended and not self.closing:
             if not self._waiting:
                 if self._horizon is None:
                     break
-                await self._read_backlog()  # the next page
-                if not self._waiting:
+                if not sent:
+                    # Nothing of the last page could go (withdrawn, say): reading it again
+                    # would loop. The dispatcher's sweep offers what is left later.
+                    self._horizon = None
                     break
+                await self._read_backlog()  # the next page
+                sent = False
                 continue
             _, smuid = heapq.heappop(self._waiting)
             self._queued.discard(smuid)
@@ -580,6 +582,7 @@ class SMQPConsumer(AsyncConsumer):
                     self.account_id, smuid, payload[0]):
                 continue
             self.inflight, self._inflight_payload, self._attempts = smuid, payload, 0
+            sent = True
             await self._send_notify()
 
     async def _send_notify(self) -> None:
