@@ -234,6 +234,10 @@ SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
 # order), and the next page once it has sent those: a backlog of millions costs no more
 # memory than this.
 SMQP_BACKLOG_PAGE = env_int("SMQP_BACKLOG_PAGE", 10_000)
+# GET MESSAGE reads and writes a long reply this many messages (or about this many bytes of
+# data) at a time.
+SMQP_GET_PAGE = env_int("SMQP_GET_PAGE", 100)
+SMQP_GET_PAGE_BYTES = env_int("SMQP_GET_PAGE_BYTES", 16 * 1024 * 1024)
 # Seconds between NOTIFY SERVER BYE and the close on shutdown.
 SMQP_SHUTDOWN_GRACE = env_int("SMQP_SHUTDOWN_GRACE", 5)
 SMQP_LOGIN_FAILURES_BEFORE_DELAY = env_int("SMQP_LOGIN_FAILURES_BEFORE_DELAY", 3)

@@ -1,8 +1,11 @@
-"""Backlogs longer than a session reads at once, and late subscribers, over real sockets.
+"""Backlogs and replies longer than a session reads at once, and late subscribers, over real
+sockets.
 
-The listener here reads a backlog ``SMQP_BACKLOG_PAGE`` = 4 messages at a time, so a dozen
-messages take several pages: every one must still arrive, once, in priority-then-publish
-order, with live messages published meanwhile after the older ones of the same priority.
+The listener here reads a backlog ``SMQP_BACKLOG_PAGE`` = 4 messages at a time and writes a
+GET MESSAGE reply ``SMQP_GET_PAGE`` = 4 messages at a time, so a dozen messages take several
+pages: every one must still arrive, once, in priority-then-publish order, with live messages
+published meanwhile after the older ones of the same priority; a reply in parts is never
+split by a notification.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 import pytest
 
 from tests.conftest import fresh_listener
+from tests.smqp_client import RawClient
 from tests.smqp_session import Session, header, smuid_of
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +29,7 @@ from ual.models import UALEntry
 from broker.services import topics as ts
 from ual.resolution import AccessSnapshot
 snap = AccessSnapshot(Account.objects.get(username='root'))
-for path in ['/p', '/p/long', '/p/late', '/p/queue']:
+for path in ['/p', '/p/long', '/p/late', '/p/queue', '/p/get', '/p/live']:
     ts.create_topic(snap, path)
 Topic.objects.filter(path='/p/queue').update(delivery_mode='queue')
 p = Topic.objects.get(path='/p')
@@ -41,7 +45,8 @@ tree.changed()
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def broker(request, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"backlog-{request.param}")
-    with fresh_listener(request.param, base, {"SMQP_BACKLOG_PAGE": str(PAGE)}) as b:
+    with fresh_listener(request.param, base, {"SMQP_BACKLOG_PAGE": str(PAGE),
+                                                   "SMQP_GET_PAGE": str(PAGE)}) as b:
         b.manage("shell", "--no-imports", "-c", SETUP)
         time.sleep(1.2)  # permission caches of the running listener refresh within a second
         yield b
@@ -121,3 +126,36 @@ def test_a_late_subscriber_to_a_queue_gets_no_message_another_one_holds(broker):
             assert alice.quiet(1.5)
             assert alice.command("UNSUB MESSAGE /p/queue").code == 200
         assert bob.command("UNSUB MESSAGE /p/queue").code == 200
+
+
+def test_a_get_reply_of_many_pages_is_whole_and_no_notification_splits_it(broker):
+    with session(broker) as pub:
+        stored = [smuid_of(pub.publish("/p/get", f"G{i}")) for i in range(7 * PAGE + 2)]
+        waiting = smuid_of(pub.publish("/p/live", "L1"))
+    with RawClient(broker.host, broker.port) as bob:
+        bob.login("bob", "pw")
+        # The subscription's backlog (L1) is ready to go while the GET reply is written in
+        # pages: its NOTIFY must wait for the reply's last line.
+        bob.send(b"SUB MESSAGE /p/live\r\nGET MESSAGE /p/get *\r\n")
+        lines: list[bytes] = []
+        end = f"200 {len(stored)} messages\r\n".encode()
+        while end not in lines or not any(x.startswith(b"NOTIFY MESSAGE") for x in lines):
+            line = bob.read_line()
+            assert line, lines
+            lines.append(line)
+        start = lines.index(b"200 /p/live\r\n") + 1
+        while lines[start].startswith(b"NOTIFY") or lines[start - 1].startswith(b"NOTIFY"):
+            start = lines.index(b".\r\n", start) + 1  # a NOTIFY before the reply began
+        reply = lines[start:lines.index(end) + 1]
+        assert reply[0] == b"200-OK\r\n", lines
+        assert not any(x.startswith(b"NOTIFY") for x in reply), reply
+        bodies = [x.strip().decode() for x in reply if x.startswith(b"G")]
+        assert bodies == [f"G{i}" for i in range(len(stored))]
+        assert sum(x.startswith(b"Smuid:") for x in reply) == len(stored)
+    with session(broker, "bob") as bob:  # the same through the client codec, and L1 again
+        got = bob.command("GET MESSAGE /p/get *")
+        assert got.lines[-1] == f"{len(stored)} messages"
+        assert [m.sections[0].body.decode() for m in got.messages] == bodies
+        assert header(bob.message(), "Smuid").endswith(f"/{waiting}")
+        bob.ack()
+        assert bob.command("UNSUB MESSAGE /p/live").code == 200

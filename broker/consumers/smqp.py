@@ -36,7 +36,7 @@ from broker.smqp import commands as c
 from broker.smqp.connection import CLOSED, NEED_DATA, ServerConnection
 from broker.smqp.errors import ProtocolError
 from broker.smqp.replies import (
-    serialize_get_reply,
+    serialize_get_blocks,
     serialize_greeting,
     serialize_notify_message,
     serialize_notify_server_bye,
@@ -111,6 +111,8 @@ class SMQPConsumer(AsyncConsumer):
         self._notify_task: asyncio.Task | None = None
         self.closing = False
         self._out = bytearray()
+        # Held while a reply is written in parts (GET MESSAGE): no notification in between.
+        self._long_reply = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._last_activity = self._loop.time()
         self._watchdog: asyncio.TimerHandle | None = None
@@ -516,10 +518,31 @@ class SMQPConsumer(AsyncConsumer):
         self.reply(200, "OK")
 
     async def cmd_get_message(self, cmd: c.GetMessage) -> None:
-        found = await self._as_account(message_service.get_messages, cmd.topic, cmd.smuids)
+        """Written a page at a time; notifications wait until the whole reply is out."""
         ctx = self._context
-        self._out += serialize_get_reply(
-            [(topic, f"{ctx}/{smuid}", cmuid, msg) for topic, smuid, cmuid, msg in found])
+        sent = after = 0
+        async with self._long_reply:
+            while True:
+                try:
+                    found = await self._as_account(
+                        message_service.get_messages, cmd.topic, cmd.smuids, after)
+                except Exception:
+                    if not sent:
+                        raise  # nothing written yet: an error reply as for any command
+                    # Half way through (the right revoked, say): end with what was sent.
+                    logger.warning("GET MESSAGE %s stopped after %d messages for %s",
+                                   cmd.topic, sent, self.peer, exc_info=True)
+                    break
+                if not sent:
+                    self._out += b"200-OK\r\n"
+                if not found:
+                    break
+                self._out += serialize_get_blocks(
+                    [(topic, f"{ctx}/{smuid}", cmuid, msg) for topic, smuid, cmuid, msg in found])
+                sent += len(found)
+                after = found[-1][1]
+                await self.flush()
+            self._out += f"200 {sent} messages\r\n".encode()
 
     # ------------------------------------------------------------------------ delivery
 
@@ -700,6 +723,9 @@ class SMQPConsumer(AsyncConsumer):
         """Write a notification: to the SET NOTIFY PORT connection when there is one."""
         writer = self._notify_writer
         if writer is None:
+            while self._long_reply.locked():
+                async with self._long_reply:
+                    pass
             if self._out:  # replies already due go first; never split one
                 data = bytes(self._out) + data
                 self._out.clear()

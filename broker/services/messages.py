@@ -676,9 +676,13 @@ def subscribe_backlog(account_id: int, topics: list[Topic | Node],
     return added
 
 
-def get_messages(snapshot: AccessSnapshot, path: str,
-                 smuids: SmuidSet) -> list[tuple[str, int, str, codec.Message]]:
-    """GET MESSAGE: messages of the topic (or of its Trash) by smuid list; ``*`` for all."""
+def get_messages(snapshot: AccessSnapshot, path: str, smuids: SmuidSet,
+                 after: int = 0) -> list[tuple[str, int, str, codec.Message]]:
+    """GET MESSAGE: messages of the topic (or of its Trash) by smuid list; ``*`` for all.
+    One page, in smuid order: those after smuid ``after``, at most ``SMQP_GET_PAGE`` of them
+    and fewer once their data passes ``SMQP_GET_PAGE_BYTES`` (one at least). The caller asks
+    again after the last one until a page comes back empty, so a reply of any length costs
+    one page of memory."""
     base, trash = topic_service.split_trash(path)
     topic = topic_service.visible_node(snapshot, base)
     if not snapshot.allows(topic, Right.SUBSCRIBE):
@@ -691,7 +695,14 @@ def get_messages(snapshot: AccessSnapshot, path: str,
         for lo, hi in smuids.ranges:
             cond |= Q(pk__gte=lo, pk__lte=hi)
         qs = qs.filter(cond)
-    ids = list(qs.order_by("pk").values_list("pk", flat=True)[:1000])
+    ids: list[int] = []
+    size = 0
+    for smuid, length in qs.filter(pk__gt=after).order_by("pk").values_list(
+            "pk", "size")[:settings.SMQP_GET_PAGE]:
+        if ids and size + length > settings.SMQP_GET_PAGE_BYTES:
+            break
+        ids.append(smuid)
+        size += length
     loaded = load_for_delivery(ids)
     return [(loaded[i][0], i, loaded[i][1], loaded[i][2]) for i in ids if i in loaded]
 

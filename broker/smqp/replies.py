@@ -16,6 +16,7 @@ __all__ = [
     "error",
     "ok",
     "serialize_ack",
+    "serialize_get_blocks",
     "serialize_get_reply",
     "serialize_greeting",
     "serialize_not_available",
@@ -137,13 +138,17 @@ def serialize_get_reply(messages: Iterable[tuple[str, str, str, Message]]) -> by
     """The GET MESSAGE reply: ``200-OK``, each message as a block (``Topic:``, ``Created:``,
     ``Smuid:``, ``Cmuid:``, the other headers, empty line, data sections, ``.``), then
     ``200 <n> messages``. Each item is ``(topic, smuid_hdr, cmuid_hdr, message)``."""
-    chunks = [b"200-OK\r\n"]
-    n = 0
+    items = list(messages)
+    return b"200-OK\r\n" + serialize_get_blocks(items) + f"200 {len(items)} messages\r\n".encode()
+
+
+def serialize_get_blocks(messages: Iterable[tuple[str, str, str, Message]]) -> bytes:
+    """The message blocks of a GET MESSAGE reply (a server writes a long reply in parts:
+    ``200-OK``, blocks, more blocks, ``200 <n> messages``)."""
+    chunks = []
     for topic, smuid_hdr, cmuid_hdr, msg in messages:
         prefix, body = _block_headers(msg, topic, smuid_hdr, cmuid_hdr)
         chunks.append(serialize_message(body, prefix_headers=prefix))
-        n += 1
-    chunks.append(f"200 {n} messages\r\n".encode())
     return b"".join(chunks)
 
 
