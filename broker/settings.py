@@ -234,6 +234,10 @@ SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
 # order), and the next page once it has sent those: a backlog of millions costs no more
 # memory than this.
 SMQP_BACKLOG_PAGE = env_int("SMQP_BACKLOG_PAGE", 10_000)
+# The sweeps (expiry, trash purge, queue-mode retries) work in transactions of this many
+# messages, batch after batch, for at most this long per run.
+SMQP_SWEEP_BATCH = env_int("SMQP_SWEEP_BATCH", 10_000)
+SMQP_SWEEP_BUDGET_SECONDS = env_int("SMQP_SWEEP_BUDGET_SECONDS", 4)
 # GET MESSAGE reads and writes a long reply this many messages (or about this many bytes of
 # data) at a time.
 SMQP_GET_PAGE = env_int("SMQP_GET_PAGE", 100)

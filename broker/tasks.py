@@ -1,10 +1,28 @@
-"""Celery tasks: what time decides. Each task calls one service function."""
+"""Celery tasks: what time decides. Each task calls one service function; the sweeps call it
+batch after batch (one transaction each) until the work is done or their time is up, so a
+burst of expiries is cleared in one run rather than a batch per beat."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from celery import shared_task
+from django.conf import settings
 
 from broker.services import topics as topic_service
+
+
+def _until_done(batch: Callable[[], int], full: int | None) -> int:
+    """Run ``batch`` again while it did a full batch (``full``; None: any work at all) and
+    ``SMQP_SWEEP_BUDGET_SECONDS`` have not passed. Returns the total."""
+    deadline = time.monotonic() + settings.SMQP_SWEEP_BUDGET_SECONDS
+    total = 0
+    while True:
+        done = batch()
+        total += done
+        if (done < full if full is not None else done == 0) or time.monotonic() >= deadline:
+            return total
 
 
 @shared_task(name="broker.finalize_topic_removals")
@@ -18,17 +36,18 @@ def expire_messages() -> int:
     """Messages whose timeout ran out go to Trash."""
     from broker.services import messages as message_service
 
-    return message_service.expire_messages()
+    size = settings.SMQP_SWEEP_BATCH
+    return _until_done(lambda: message_service.expire_messages(limit=size), size)
 
 
 @shared_task(name="broker.purge_trash")
 def purge_trash() -> int:
     """Trash older than SMQP_TRASH_RETENTION seconds is deleted."""
-    from django.conf import settings
-
     from broker.services import messages as message_service
 
-    return message_service.purge_trash(settings.SMQP_TRASH_RETENTION)
+    size = settings.SMQP_SWEEP_BATCH
+    return _until_done(
+        lambda: message_service.purge_trash(settings.SMQP_TRASH_RETENTION, limit=size), size)
 
 
 @shared_task(name="broker.requeue_queue_deliveries")
@@ -36,4 +55,5 @@ def requeue_queue_deliveries() -> int:
     """Queue mode: move messages not ACKed in time to the next subscriber, or to Trash."""
     from broker.services import messages as message_service
 
-    return message_service.requeue_stale_queue_deliveries()
+    # A delivery moved or declared dead is not stale again in this run: this ends.
+    return _until_done(message_service.requeue_stale_queue_deliveries, None)

@@ -741,7 +741,7 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
 
 
 def expire_messages(now: datetime | None = None, limit: int = 10_000) -> int:
-    """Messages whose timeout ran out move to their topic's Trash."""
+    """Messages whose timeout ran out move to their topic's Trash (``limit`` at most)."""
     now = now or timezone.now()
     with transaction.atomic():
         ids = list(Message.objects.filter(state=Message.State.PENDING, expires__lte=now)
@@ -752,12 +752,13 @@ def expire_messages(now: datetime | None = None, limit: int = 10_000) -> int:
     return len(ids)
 
 
-def purge_trash(retention_seconds: int, now: datetime | None = None) -> int:
-    """Trash older than the retention period is deleted for good."""
+def purge_trash(retention_seconds: int, now: datetime | None = None,
+                limit: int = 10_000) -> int:
+    """Trash older than the retention period is deleted for good (``limit`` at most)."""
     cutoff = (now or timezone.now()) - timedelta(seconds=retention_seconds)
     with transaction.atomic():
         ids = list(Message.objects.filter(state=Message.State.TRASH, trashed__lte=cutoff)
-                   .values_list("pk", flat=True)[:10_000])
+                   .order_by("pk").values_list("pk", flat=True)[:limit])
         Message.objects.filter(pk__in=ids).delete()
     return len(ids)
 

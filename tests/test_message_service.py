@@ -1,4 +1,5 @@
-"""The backlog queries of the message service (no socket needed for these rules)."""
+"""The backlog queries and the sweeps of the message service (no socket needed for these
+rules)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,20 @@ def test_a_queue_topic_backlog_skips_messages_another_subscriber_holds():
     assert message_service.subscribe_backlog(alice.pk, [topic], None) == 2
     assert sorted(Delivery.objects.filter(account=alice).values_list("message_id", flat=True)) \
         == ids[1:]
+
+
+def test_the_expiry_and_purge_sweeps_clear_more_than_one_batch_per_run(settings):
+    from datetime import timedelta
+
+    from broker.tasks import expire_messages, purge_trash
+
+    settings.SMQP_SWEEP_BATCH = 3
+    topic = Topic.objects.create(path="/sweep")
+    ids = held(topic, 8)
+    Message.objects.filter(pk__in=ids[:7]).update(
+        expires=timezone.now() - timedelta(seconds=1))
+    assert expire_messages() == 7  # three batches: 3 + 3 + 1
+    assert Message.objects.filter(state=Message.State.TRASH).count() == 7
+    settings.SMQP_TRASH_RETENTION = 0
+    assert purge_trash() == 7
+    assert list(Message.objects.values_list("pk", flat=True)) == ids[7:]
