@@ -230,9 +230,9 @@ SMQP_IDLE_TIMEOUT = env_int("SMQP_IDLE_TIMEOUT", 1800)
 # are waiting for their account: a wake-up lost between processes (Redis restarting, say)
 # then delays a message by this much instead of until the next login. 0 turns it off.
 SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
-# A session reads the messages waiting for its account this many at a time (in delivery
-# order), and the next page once it has sent those: a backlog of millions costs no more
-# memory than this.
+# A session holds at most this many waiting messages in memory (a backlog read from the
+# store, or live messages for a subscriber slower than its publishers) and reads the next
+# page, in delivery order, once it has sent those: a backlog of millions costs no more.
 SMQP_BACKLOG_PAGE = env_int("SMQP_BACKLOG_PAGE", 10_000)
 # The sweeps (expiry, trash purge, queue-mode retries) work in transactions of this many
 # messages, batch after batch, for at most this long per run.

@@ -91,6 +91,22 @@ def test_a_backlog_of_several_pages_arrives_whole_in_order_with_live_messages_af
         assert bob.command("UNSUB MESSAGE /p/long").code == 200
 
 
+def test_a_slow_subscriber_holds_a_page_in_memory_and_still_gets_everything_in_order(broker):
+    with session(broker, "bob") as bob, session(broker) as pub:
+        assert bob.command("SUB MESSAGE /p/long").code == 200
+        first = smuid_of(pub.publish("/p/long", "s0"))
+        assert header(bob.message(), "Smuid").endswith(f"/{first}")
+        # bob holds s0 un-ACKed while three pages' worth arrive live, some urgent.
+        plan = [(f"s{i}", "2" if i % 5 == 0 else None) for i in range(1, 3 * PAGE + 2)]
+        for cmuid, pri in plan:
+            assert pub.publish("/p/long", cmuid, [("Priority", pri)] if pri else []).code == 200
+        bob.ack()
+        got = receive(bob, len(plan))
+        assert bob.quiet(1.0)
+        assert bob.command("UNSUB MESSAGE /p/long").code == 200
+    assert got == [c for c, p in plan if p] + [c for c, p in plan if not p]
+
+
 def test_a_late_subscriber_gets_every_held_message_page_by_page(broker):
     with session(broker) as pub:
         sent = [smuid_of(pub.publish("/p/late", f"h{i}")) for i in range(3 * PAGE + 1)]

@@ -560,6 +560,12 @@ class SMQPConsumer(AsyncConsumer):
             return
         if self._horizon is not None and (priority, smuid) > self._horizon:
             return  # stored, and comes with the next page of the backlog
+        if self._horizon is None and len(self._waiting) >= settings.SMQP_BACKLOG_PAGE:
+            # A subscriber slower than its publishers: hold a page in memory, no more. The
+            # rest is in the store and is read page by page, in order, once these are sent.
+            self._horizon = max(self._waiting)
+            if (priority, smuid) > self._horizon:
+                return
         heapq.heappush(self._waiting, (priority, smuid))
         self._queued.add(smuid)
         self._kick()
