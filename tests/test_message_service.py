@@ -44,6 +44,18 @@ def test_a_backlog_page_is_the_first_messages_in_delivery_order():
     assert [smuid for _, smuid in everything] == [ids[4], ids[2], ids[0], ids[1], ids[3], ids[5]]
 
 
+def test_several_accounts_backlogs_each_get_their_own_page():
+    bob, alice = make_account("bob"), make_account("alice")
+    topic = Topic.objects.create(path="/both")
+    ids = held(topic, 5, priorities={3: 1})
+    message_service.subscribe_backlog(bob.pk, [topic], None)
+    Delivery.objects.create(account=alice, message_id=ids[4])
+    rows = message_service.backlog_for([bob.pk, alice.pk], limit=2)
+    # bob's first two in delivery order (Priority 1 first), and alice's one.
+    assert [(a, m) for a, _, m in rows] == [(bob.pk, ids[3]), (bob.pk, ids[0]),
+                                            (alice.pk, ids[4])]
+
+
 def test_a_queue_topic_backlog_skips_messages_another_subscriber_holds():
     bob, alice = make_account("bob"), make_account("alice")
     topic = Topic.objects.create(path="/q", delivery_mode=Topic.DeliveryMode.QUEUE)

@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, Q, Sum, Value, Window
+from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
@@ -622,18 +622,24 @@ def backlog(account_id: int, limit: int | None = None) -> list[tuple[int, int]]:
 
 def backlog_for(account_ids: list[int],
                 limit: int | None = None) -> list[tuple[int, int, int]]:
-    """:func:`backlog` of several accounts at once: (account, priority, smuid), in order
-    (``limit`` counts the rows of all of them)."""
+    """:func:`backlog` of several accounts at once: (account, priority, smuid), each
+    account's first ``limit`` in its order (one account's long backlog does not crowd out
+    the others')."""
     now = timezone.now()
     limit = limit or settings.SMQP_BACKLOG_PAGE
-    rows = Delivery.objects.filter(
+    order = (Coalesce("message__priority", Value(NO_PRIORITY)).asc(), F("message_id").asc())
+    waiting = Delivery.objects.filter(
         account_id__in=account_ids,
         state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
         message__state=Message.State.PENDING,
-    ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).order_by(
-        Coalesce("message__priority", Value(NO_PRIORITY)), "message_id",
-    ).values_list("account_id", "message__priority", "message_id")[:limit]
-    return [(a, p or NO_PRIORITY, m) for a, p, m in rows]
+    ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now))
+    if len(account_ids) > 1:
+        waiting = waiting.annotate(rank=Window(RowNumber(), partition_by=[F("account_id")],
+                                               order_by=order)).filter(rank__lte=limit)
+    else:
+        waiting = waiting.order_by(*order)[:limit]
+    rows = waiting.values_list("account_id", "message__priority", "message_id")
+    return sorted((a, p or NO_PRIORITY, m) for a, p, m in rows)
 
 
 def subscribe_backlog(account_id: int, topics: list[Topic | Node],
