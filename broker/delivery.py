@@ -45,6 +45,9 @@ GRANT_MEMO_SECONDS = 0.2
 # stream of small commits the channel layer then costs a few hundred round trips a second at
 # most, and another process hears of a message this much later at worst.
 WAKE_GATHER_SECONDS = 0.005
+# How long a login waits for its process to have joined the dispatch group (Redis slow or
+# down: the login goes on, and the backlog sweep covers what a missed wake-up delays).
+JOIN_WAIT_SECONDS = 1.0
 
 
 _publish_batch = dbthread.wrap(message_service.publish_batch)
@@ -74,6 +77,7 @@ class Dispatcher:
         self._outgoing: defaultdict[int, list[list]] = defaultdict(list)
         self._sender: asyncio.Task | None = None
         self._last_ack = float("-inf")
+        self._joined = asyncio.get_running_loop().create_future()
         self._writer = asyncio.ensure_future(self._write_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
         self._sweeper = asyncio.ensure_future(self._sweep_loop())
@@ -198,16 +202,32 @@ class Dispatcher:
                 for items in batch.values()))
             await asyncio.sleep(WAKE_GATHER_SECONDS)
 
+    async def joined(self) -> None:
+        """Returns once this process reads the dispatch group (or after JOIN_WAIT_SECONDS):
+        a session reads its backlog after that, so what is committed later reaches it."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._joined), JOIN_WAIT_SECONDS)
+
     async def _listen_loop(self) -> None:
         layer = get_channel_layer()
         if layer is None:
+            self._joined.set_result(None)
             return
+        loop = asyncio.get_running_loop()
         # The default prefix: channels-redis then serves this channel and every consumer's
         # from one shared receive loop (a second prefix would make them take turns).
-        channel = await layer.new_channel()
-        await layer.group_add(DISPATCH_GROUP, channel)
-        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                channel = await layer.new_channel()
+                await layer.group_add(DISPATCH_GROUP, channel)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Redis down at start: keep trying, never give up listening
+                logger.exception("joining the dispatch group failed; retrying")
+                await asyncio.sleep(1)
         joined = loop.time()
+        self._joined.set_result(None)
         while True:
             try:
                 event = await layer.receive(channel)
@@ -217,11 +237,14 @@ class Dispatcher:
                 logger.exception("channel layer receive failed; retrying")
                 await asyncio.sleep(1)
                 continue
-            if loop.time() - joined > 600:  # groups expire in Redis; stay a member
-                await layer.group_add(DISPATCH_GROUP, channel)
-                joined = loop.time()
             if event.get("type") == "dispatch.wake" and event.get("origin") != self.origin:
                 self.offer((p, s, a) for p, s, a in event["items"])
+            if loop.time() - joined > 600:  # groups expire in Redis; stay a member
+                try:
+                    await layer.group_add(DISPATCH_GROUP, channel)
+                    joined = loop.time()
+                except Exception:
+                    logger.exception("renewing the dispatch group failed; retrying later")
 
     async def _sweep_loop(self) -> None:
         """Every ``SMQP_BACKLOG_SWEEP_SECONDS``, sessions with nothing to send are offered

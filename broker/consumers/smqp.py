@@ -358,6 +358,7 @@ class SMQPConsumer(AsyncConsumer):
         self.account_id = account.pk
         self.dispatcher = get_dispatcher()
         self.dispatcher.register(self)
+        await self.dispatcher.joined()  # wake-ups from other processes reach us from here on
         await self._read_backlog()
         self._arm_watchdog(settings.SMQP_IDLE_TIMEOUT)
         self.reply(
