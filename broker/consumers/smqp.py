@@ -553,20 +553,17 @@ class SMQPConsumer(AsyncConsumer):
         self._horizon = rows[-1] if len(rows) >= settings.SMQP_BACKLOG_PAGE else None
         for priority, smuid in rows:
             self.offer(priority, smuid)
-        self._kick()
 
     def offer(self, priority: int, smuid: int) -> None:
         """A message for this session's account (called by the dispatcher)."""
         if smuid in self._queued or smuid == self.inflight or smuid in self._skip:
             return
-        if self._horizon is not None and (priority, smuid) > self._horizon:
-            return  # stored, and comes with the next page of the backlog
         if self._horizon is None and len(self._waiting) >= settings.SMQP_BACKLOG_PAGE:
             # A subscriber slower than its publishers: hold a page in memory, no more. The
             # rest is in the store and is read page by page, in order, once these are sent.
             self._horizon = max(self._waiting)
-            if (priority, smuid) > self._horizon:
-                return
+        if self._horizon is not None and (priority, smuid) > self._horizon:
+            return  # stored, and comes with the next page of the backlog
         heapq.heappush(self._waiting, (priority, smuid))
         self._queued.add(smuid)
         self._kick()
