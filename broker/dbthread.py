@@ -13,25 +13,38 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 T = TypeVar("T")
 
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smqp-db")
 
 
+# A connection that served a call without error this recently is not health-checked again
+# (with CONN_HEALTH_CHECKS, Django's check is a round trip of its own, per call).
+HEALTH_CHECK_SECONDS = 1.0
+_served_at = float("-inf")
+
+
 def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    global _served_at
     # As Channels does around each call: drop a connection that broke or outlived
     # CONN_MAX_AGE, before and after, so the next call gets a working one.
     close_old_connections()
+    if time.monotonic() - _served_at < HEALTH_CHECK_SECONDS:
+        connection.health_check_done = True
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     finally:
         close_old_connections()
+    if connection.connection is not None and not connection.errors_occurred:
+        _served_at = time.monotonic()
+    return result
 
 
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -162,7 +162,7 @@ class Dispatcher:
 
     async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
         try:
-            await _ack_batch([r for r, _ in batch])
+            receipts = await _ack_batch([r for r, _ in batch])
         except Exception:
             logger.exception("ack batch of %d failed", len(batch))
             for _, future in batch:
@@ -172,6 +172,7 @@ class Dispatcher:
         for _, future in batch:
             if not future.done():
                 future.set_result(None)
+        self.wake(receipts)
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -346,7 +347,7 @@ def get_dispatcher() -> Dispatcher:
 
 
 def wake_from_sync(published: list[Published]) -> None:
-    """Offer messages committed outside the dispatcher (receipts, republish, sweeps): to the
+    """Offer messages committed outside the listener (the Celery sweeps): to the
     sessions of every process through the Channels layer."""
     layer = get_channel_layer()
     if layer is None:

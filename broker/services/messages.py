@@ -9,8 +9,7 @@ one transaction serves many messages.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -39,7 +38,16 @@ from ual.resolution import AccessSnapshot, snapshot_for_id
 
 from . import ServiceError, not_found, unauthorized
 from . import topics as topic_service
-from .rows import Table, db_datetime, db_json, from_db_datetime, placeholder, raw_cursor
+from .rows import (
+    Table,
+    db_datetime,
+    db_json,
+    from_db_datetime,
+    hot_transaction,
+    placeholder,
+    query,
+    raw_cursor,
+)
 
 # Sort key of a message without Priority: after every message that has one.
 NO_PRIORITY = 2**31
@@ -253,9 +261,10 @@ def _log_events(events: list[tuple[str, str, str, int | None, int, str, dict]],
 
 
 def _subscribers(topics: list[Topic | Node],
-                 now: datetime) -> dict[int, list[tuple[int, datetime | None]]]:
+                 now: datetime) -> Callable[[], dict[int, list[tuple[int, datetime | None]]]]:
     """For each topic id: the (account, since) of MESSAGE subscriptions covering it, by its
-    own name or the name of a virtual topic linking to it."""
+    own name or the name of a virtual topic linking to it. The query is sent at once; the
+    returned function reads its answer (see :func:`.rows.query`)."""
     tree = topic_tree.tree()
     wanted: dict[str, list[int]] = defaultdict(list)
     for topic in topics:
@@ -265,20 +274,22 @@ def _subscribers(topics: list[Topic | Node],
         for virtual_id in known.virtual_ids if known is not None else ():
             for key in topic_service.covering_patterns(tree.by_id[virtual_id].key):
                 wanted[key].append(topic.pk)
-    result: dict[int, list[tuple[int, datetime | None]]] = defaultdict(list)
     if not wanted:
-        return result
+        return lambda: {}
     ph = placeholder()
-    with raw_cursor() as cursor:  # once per publish batch: plain SQL
-        cursor.execute(
-            f"SELECT pattern_key, account_id, since FROM {Subscription._meta.db_table} "
-            f"WHERE resource = {ph} AND pattern_key IN ({', '.join([ph] * len(wanted))})",
-            [Subscription.Resource.MESSAGE.value, *wanted])
-        rows = cursor.fetchall()
-    for key, account_id, since in rows:
-        for topic_id in wanted[key]:
-            result[topic_id].append((account_id, from_db_datetime(since)))
-    return result
+    rows = query(  # once per publish batch: plain SQL
+        f"SELECT pattern_key, account_id, since FROM {Subscription._meta.db_table} "
+        f"WHERE resource = {ph} AND pattern_key IN ({', '.join([ph] * len(wanted))})",
+        [Subscription.Resource.MESSAGE.value, *wanted])
+
+    def read() -> dict[int, list[tuple[int, datetime | None]]]:
+        result: dict[int, list[tuple[int, datetime | None]]] = defaultdict(list)
+        for key, account_id, since in rows():
+            for topic_id in wanted[key]:
+                result[topic_id].append((account_id, from_db_datetime(since)))
+        return result
+
+    return read
 
 
 def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceError]:
@@ -300,11 +311,13 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
             results[i] = exc
         except (ValueError, KeyError) as exc:
             results[i] = ServiceError(400, f"Bad request ({exc})")
-    with transaction.atomic():
+    with hot_transaction():
         prepared = _apply_queue_limits(prepared, results)
-        _store([row for _, _, row in prepared], now)
         topics = {t.pk: t for _, t, _ in prepared}
-        subs = _subscribers(list(topics.values()), now)
+        # Asked before the INSERTs, so that its answer comes with the smuids' (one round trip).
+        subscribers = _subscribers(list(topics.values()), now)
+        _store([row for _, _, row in prepared], now)
+        subs = subscribers()
         deliveries: list[tuple[int, int]] = []
         expire_now: list[tuple[int, int | None]] = []
         allowed_by_topic: dict[int, list[int]] = {}
@@ -409,68 +422,44 @@ class AckRequest:
     attempts: int = 1
 
 
-def ack_batch(acks: list[AckRequest]) -> None:
+def ack_batch(acks: list[AckRequest]) -> list[Published]:
     """Record ACKs in one transaction: the deliveries become ACKed (once per account, ever);
     messages whose every publish-time subscriber has now ACKed start their timeout; a
-    receipt goes to the publisher at the first ACK when asked for. Plain SQL (a handful of
-    statements per batch): this runs once per NOTIFY round trip."""
+    receipt goes to the publisher at the first ACK when asked for. Returns the receipts,
+    for the caller to offer once this has returned (committed). Plain SQL, a handful of
+    statements per batch and, on PostgreSQL, two round trips: this runs once per NOTIFY
+    round trip."""
     if not acks:
-        return
+        return []
     now = timezone.now()
     at = db_datetime(now)
     acked = Delivery.State.ACKED.value
     ph = placeholder()
     table = Delivery._meta.db_table
     update = (f"UPDATE {table} SET state = {ph}, acked = {ph}, last_attempt = {ph} "
-              f"WHERE account_id = {ph} AND message_id = {ph} AND state <> {ph}")
+              f"WHERE account_id = {ph} AND message_id = {ph} AND state <> {ph} "
+              f"RETURNING message_id")
     # A subscriber that arrived later and ACKs a message it got from the backlog has no row
-    # yet (one that ACKed already keeps its row as it is).
+    # yet; where the row exists (ACKed before, or just now) this inserts nothing.
     insert = (f"INSERT INTO {table} (account_id, message_id, state, attempts, created, "
               f"last_attempt, next_attempt, acked) SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, "
               f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} "
               f"ON CONFLICT DO NOTHING")
-    with _ack_transaction():
-        newly: list[int] = []
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        updates = []
         with raw_cursor() as cursor:
             for ack in acks:
-                cursor.execute(update, (acked, at, at, ack.account_id, ack.smuid, acked))
-                if cursor.rowcount > 0:
-                    newly.append(ack.smuid)
-                else:
-                    cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
-                                            ack.smuid))
+                updates.append((ack.smuid, query(update, (acked, at, at, ack.account_id,
+                                                          ack.smuid, acked))))
+                cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
+                                        ack.smuid))
         facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
+        newly = [smuid for smuid, rows in updates if rows()]
         receipts = [m for m in newly if facts.get(m, (None, False))[1]]
-        if receipts:
-            _send_receipts(receipts, now)
+        woken = _send_receipts(receipts, now) if receipts else []
         _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
                       a.smuid, 0, "", {}) for a in acks], now)
-
-
-@contextmanager
-def _ack_transaction() -> Iterator[None]:
-    """The transaction of an ACK batch, committed without waiting for the disk flush unless
-    ``SMQP_ACK_DURABILITY=full``: SQLite ``synchronous=NORMAL`` (WAL) for this commit,
-    PostgreSQL ``synchronous_commit = off`` inside it. Either survives a crash of the
-    process, not of the machine."""
-    connection = transaction.get_connection()
-    relaxed = settings.SMQP_ACK_DURABILITY != "full"
-    # SQLite's pragma applies to the connection, so set it only around a transaction of our
-    # own (not inside a caller's), and put the configured level back afterwards.
-    sqlite = relaxed and connection.vendor == "sqlite" and not connection.in_atomic_block
-    if sqlite:
-        with connection.cursor() as cursor:
-            cursor.execute("PRAGMA synchronous=NORMAL")
-    try:
-        with transaction.atomic():
-            if relaxed and connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SET LOCAL synchronous_commit = off")
-            yield
-    finally:
-        if sqlite:
-            with connection.cursor() as cursor:
-                cursor.execute(f"PRAGMA synchronous={settings.SMQP_SQLITE_SYNCHRONOUS}")
+    return woken
 
 
 def finish_messages(message_ids: list[int], now: datetime) -> dict[int, tuple[int | None,
@@ -482,19 +471,18 @@ def finish_messages(message_ids: list[int], now: datetime) -> dict[int, tuple[in
         return {}
     marks = ", ".join([placeholder()] * len(message_ids))
     ph = placeholder()
-    with raw_cursor() as cursor:
-        # Each message once, with the states of its deliveries that are not ACKed (if any).
-        cursor.execute(
-            f"SELECT m.id, m.timeout, m.receipt, d.state FROM {Message._meta.db_table} m "
-            f"LEFT JOIN {Delivery._meta.db_table} d ON d.message_id = m.id AND d.state <> {ph} "
-            f"WHERE m.id IN ({marks})", [Delivery.State.ACKED.value, *message_ids])
-        facts: dict[int, tuple[int | None, bool]] = {}
-        open_ids: set[int] = set()
-        dead: set[int] = set()
-        for smuid, timeout, receipt, state in cursor.fetchall():
-            facts[smuid] = (timeout, bool(receipt))
-            if state is not None:
-                (dead if state == Delivery.State.DEAD else open_ids).add(smuid)
+    # Each message once, with the states of its deliveries that are not ACKed (if any).
+    rows = query(
+        f"SELECT m.id, m.timeout, m.receipt, d.state FROM {Message._meta.db_table} m "
+        f"LEFT JOIN {Delivery._meta.db_table} d ON d.message_id = m.id AND d.state <> {ph} "
+        f"WHERE m.id IN ({marks})", [Delivery.State.ACKED.value, *message_ids])
+    facts: dict[int, tuple[int | None, bool]] = {}
+    open_ids: set[int] = set()
+    dead: set[int] = set()
+    for smuid, timeout, receipt, state in rows():
+        facts[smuid] = (timeout, bool(receipt))
+        if state is not None:
+            (dead if state == Delivery.State.DEAD else open_ids).add(smuid)
     done = [m for m in message_ids if m in facts and m not in open_ids]
     trash = [m for m in done if m in dead]
     if trash:
@@ -504,8 +492,10 @@ def finish_messages(message_ids: list[int], now: datetime) -> dict[int, tuple[in
     return facts
 
 
-def _send_receipts(message_ids: list[int], now: datetime) -> None:
-    """Receipt: YES → at the first ACK, a receipt message on the publisher's account topic."""
+def _send_receipts(message_ids: list[int], now: datetime) -> list[Published]:
+    """Receipt: YES → at the first ACK, a receipt message on the publisher's account topic.
+    Returns the receipts stored, to be offered to their subscribers after the commit."""
+    stored: list[Published] = []
     wanting = Message.objects.filter(pk__in=message_ids, receipt=True).select_related(
         "publisher", "topic")
     for original in wanting:
@@ -529,20 +519,14 @@ def _send_receipts(message_ids: list[int], now: datetime) -> None:
                                    content_length=len(body), headers=[["Content-Type",
                                                                        "text/plain"]],
                                    body=body)
-        receivers = _subscribers([target], now).get(target.pk, [])
+        receivers = _subscribers([target], now)().get(target.pk, [])
         Delivery.objects.bulk_create([Delivery(account_id=a, message=receipt)
                                       for a, _ in receivers])
         if not receivers:
             _start_timeouts([receipt.pk], now)
-        transaction.on_commit(lambda r=receipt, t=target, a=[a for a, _ in receivers]:
-                              _wake_after_commit(r, t, a))
-
-
-def _wake_after_commit(message: Message, topic: Topic, accounts: list[int]) -> None:
-    from broker import delivery
-
-    delivery.wake_from_sync(
-        [Published(message.pk, topic.pk, topic.path, NO_PRIORITY, accounts)])
+        stored.append(Published(receipt.pk, target.pk, target.path, NO_PRIORITY,
+                                [a for a, _ in receivers]))
+    return stored
 
 
 def retry_policy(topic_path: str) -> tuple[int, int]:
@@ -731,7 +715,7 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
         raise ServiceError(406, "Not acceptable (message is not in Trash)")
     now = timezone.now()
     Delivery.objects.filter(message=message).delete()
-    subs = _subscribers([real], now).get(real.pk, [])
+    subs = _subscribers([real], now)().get(real.pk, [])
     allowed = _may_receive([a for a, _ in subs], real)
     Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
     Message.objects.filter(pk=message.pk).update(state=Message.State.PENDING, trashed=None,
@@ -790,7 +774,7 @@ def requeue_stale_queue_deliveries(now: datetime | None = None) -> int:
             .select_related("message")[:1000])
         if not stale:
             continue
-        subscribers = sorted({a for a, since in _subscribers([topic], now).get(topic.pk, [])
+        subscribers = sorted({a for a, since in _subscribers([topic], now)().get(topic.pk, [])
                               if since is None or since <= now})
         subscribers = _may_receive(subscribers, topic)
         for delivery in stale:
