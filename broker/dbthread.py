@@ -6,44 +6,45 @@ runs here, on one thread that holds the process's one database connection, as
 the cost of the hop: asgiref copies and restores context variables and wraps every call in
 its thread-sensitivity machinery, about twice the CPU of a plain executor hop. The listener
 makes two such hops per delivered message (its ACK and its publish), so that was a large
-share of the delivery round trip.
+share of the delivery round trip. On PostgreSQL, ACK batches have a thread (and connection)
+of their own: :func:`run_ack`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from django.db import close_old_connections, connection
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
 
 T = TypeVar("T")
 
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smqp-db")
-
+_ack_executor: ThreadPoolExecutor | None = None
 
 # A connection that served a call without error this recently is not health-checked again
 # (with CONN_HEALTH_CHECKS, Django's check is a round trip of its own, per call).
 HEALTH_CHECK_SECONDS = 1.0
-_served_at = float("-inf")
+_local = threading.local()  # per thread: when its connection last served a call
 
 
 def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
-    global _served_at
     # As Channels does around each call: drop a connection that broke or outlived
     # CONN_MAX_AGE, before and after, so the next call gets a working one.
     close_old_connections()
-    if time.monotonic() - _served_at < HEALTH_CHECK_SECONDS:
+    if time.monotonic() - getattr(_local, "served_at", float("-inf")) < HEALTH_CHECK_SECONDS:
         connection.health_check_done = True
     try:
         result = fn(*args, **kwargs)
     finally:
         close_old_connections()
     if connection.connection is not None and not connection.errors_occurred:
-        _served_at = time.monotonic()
+        _local.served_at = time.monotonic()
     return result
 
 
@@ -61,3 +62,23 @@ def wrap(fn: Callable[..., T]) -> Callable[..., Any]:
         return await run(fn, *args, **kwargs)
 
     return call
+
+
+def acks_apart() -> bool:
+    """Do ACK batches commit on a thread and connection of their own? On PostgreSQL, yes: a
+    subscriber's ACK (and so its next NOTIFY) then never waits for a publish transaction
+    that is committing, the two run side by side. On SQLite, no: it has one writer, and a
+    second connection would wait for the lock in its busy handler (sleeps of a millisecond
+    and more) instead of in this queue."""
+    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+
+
+async def run_ack(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the ACK thread (:func:`acks_apart`), else on the database thread."""
+    global _ack_executor
+    if not acks_apart():
+        return await run(fn, *args)
+    if _ack_executor is None:
+        _ack_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smqp-db-ack")
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_ack_executor, _call, fn, args, {})

@@ -1,11 +1,12 @@
 """The per-process dispatcher: group commit of publishes and ACKs, and wake-ups.
 
 Every listener process has one :class:`Dispatcher` (per event loop). Publishes and ACKs from
-all sessions queue here; one writer task stores whatever has queued up in a single
+all sessions queue here; one writer task for each stores whatever has queued up in a single
 transaction (so a burst of publishes costs one commit, not one each), and only then lets the
-sessions answer ``200`` / ``310 ACK``. After each commit it offers the new messages to the
-subscribed sessions of this process directly, and to other processes through the Channels
-layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
+sessions answer ``200`` / ``310 ACK``. On PostgreSQL the two commit side by side, each on a
+connection of its own (:func:`broker.dbthread.acks_apart`). After each commit it offers the
+new messages to the subscribed sessions of this process directly, and to other processes
+through the Channels layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ JOIN_WAIT_SECONDS = 1.0
 
 
 _publish_batch = dbthread.wrap(message_service.publish_batch)
-_ack_batch = dbthread.wrap(message_service.ack_batch)
 
 
 class Session(Protocol):
@@ -69,7 +69,8 @@ class Dispatcher:
         self.sessions: dict[int, set[Session]] = defaultdict(set)
         self._publishes: list[tuple[PublishRequest, asyncio.Future]] = []
         self._acks: list[tuple[AckRequest, asyncio.Future]] = []
-        self._work = asyncio.Event()
+        self._publish_work = asyncio.Event()
+        self._ack_work = asyncio.Event()
         self._cache: OrderedDict[int, tuple[str, str, Any]] = OrderedDict()
         self._cache_bytes = 0
         self._policies: dict[str, tuple[float, tuple[int, int]]] = {}
@@ -78,7 +79,8 @@ class Dispatcher:
         self._sender: asyncio.Task | None = None
         self._last_ack = float("-inf")
         self._joined = asyncio.get_running_loop().create_future()
-        self._writer = asyncio.ensure_future(self._write_loop())
+        self._writer = asyncio.ensure_future(self._publish_loop())
+        self._acker = asyncio.ensure_future(self._ack_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
         self._sweeper = asyncio.ensure_future(self._sweep_loop())
 
@@ -107,34 +109,41 @@ class Dispatcher:
         """Queue for the next group commit; returns once the message is committed."""
         future = asyncio.get_running_loop().create_future()
         self._publishes.append((request, future))
-        self._work.set()
+        self._publish_work.set()
         return await future
 
     async def ack(self, request: AckRequest) -> None:
         future = asyncio.get_running_loop().create_future()
         self._acks.append((request, future))
-        self._work.set()
+        self._ack_work.set()
         await future
 
-    async def _write_loop(self) -> None:
+    async def _ack_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._work.wait()
-            self._work.clear()
-            while self._publishes or self._acks:
-                # ACKs first: each holds a subscriber's next NOTIFY back. Publishes go in
-                # slices, so an ACK that arrives meanwhile waits for one slice at most.
-                if self._acks:
-                    self._last_ack = loop.time()
-                    acks = self._acks[:MAX_BATCH]
-                    del self._acks[:MAX_BATCH]
-                    await self._commit_acks(acks)
-                if self._publishes:
-                    acking = loop.time() - self._last_ack < ACKING_SECONDS
-                    size = PUBLISH_SLICE if acking else MAX_BATCH
-                    publishes = self._publishes[:size]
-                    del self._publishes[:size]
-                    await self._commit_publishes(publishes)
+            await self._ack_work.wait()
+            self._ack_work.clear()
+            while self._acks:
+                self._last_ack = loop.time()
+                acks = self._acks[:MAX_BATCH]
+                del self._acks[:MAX_BATCH]
+                await self._commit_acks(acks)
+
+    async def _publish_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        apart = dbthread.acks_apart()
+        while True:
+            await self._publish_work.wait()
+            self._publish_work.clear()
+            while self._publishes:
+                # An ACK holds a subscriber's next NOTIFY back. Where ACKs share the database
+                # thread, publishes go in slices while subscribers ACK, so an ACK queued
+                # behind one waits for one slice at most.
+                acking = not apart and loop.time() - self._last_ack < ACKING_SECONDS
+                size = PUBLISH_SLICE if acking else MAX_BATCH
+                publishes = self._publishes[:size]
+                del self._publishes[:size]
+                await self._commit_publishes(publishes)
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
         try:
@@ -162,7 +171,7 @@ class Dispatcher:
 
     async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
         try:
-            receipts = await _ack_batch([r for r, _ in batch])
+            receipts = await dbthread.run_ack(message_service.ack_batch, [r for r, _ in batch])
         except Exception:
             logger.exception("ack batch of %d failed", len(batch))
             for _, future in batch:
@@ -324,7 +333,7 @@ class Dispatcher:
         await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
 
     def close(self) -> None:
-        for task in (self._writer, self._listener, self._sender, self._sweeper):
+        for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper):
             if task is not None:
                 task.cancel()
 
