@@ -33,7 +33,10 @@ class Message(models.Model):
         TRASH = "trash", "trash (expired, delivered or dead; can be republished)"
         DELETED = "deleted", "deleted"
 
-    topic = models.ForeignKey("topics.Topic", on_delete=models.CASCADE, related_name="messages")
+    # Indexes match the queries: every message pays for each one at INSERT (and in WAL), so
+    # none is kept that another covers (topic: the (topic, state, id) index leads with it).
+    topic = models.ForeignKey("topics.Topic", on_delete=models.CASCADE, related_name="messages",
+                              db_index=False)
     publisher = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -52,19 +55,25 @@ class Message(models.Model):
     receipt = models.BooleanField(default=False)
     reply = models.BooleanField(default=False)
     in_reply_to = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies"
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies",
+        db_index=False,  # partial index below: most messages are not replies
     )
     headers = models.JSONField(
         default=list, blank=True, help_text="Other header attributes (X-*, MIME-Version) in order."
     )
     size = models.PositiveBigIntegerField(default=0, help_text="Bytes of data, all sections.")
-    state = models.CharField(
-        max_length=16, choices=State.choices, default=State.PENDING, db_index=True
-    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     trashed = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["topic", "state", "id"])]
+        indexes = [
+            models.Index(fields=["topic", "state", "id"]),
+            # The trash purge; only trashed messages are in it (nothing to do at publish).
+            models.Index(fields=["trashed"], name="message_trashed",
+                         condition=models.Q(trashed__isnull=False)),
+            models.Index(fields=["in_reply_to"], name="message_in_reply_to",
+                         condition=models.Q(in_reply_to__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.pk} on {self.topic_id}"
@@ -75,7 +84,9 @@ class Message(models.Model):
 
 
 class DataSection(models.Model):
-    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="sections")
+    # Indexed by the unique (message, position).
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="sections",
+                                db_index=False)
     position = models.PositiveSmallIntegerField()
     content_type = models.CharField(max_length=255)
     content_length = models.PositiveBigIntegerField()
@@ -138,15 +149,17 @@ class Delivery(models.Model):
         ACKED = "acked", "acknowledged"
         DEAD = "dead", "dead (max retries)"
 
+    # (account, message) is unique, and that index leads with the account.
     account = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="deliveries"
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="deliveries",
+        db_index=False,
     )
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="deliveries")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
     last_attempt = models.DateTimeField(null=True, blank=True)
-    next_attempt = models.DateTimeField(null=True, blank=True, db_index=True)
+    next_attempt = models.DateTimeField(null=True, blank=True)
     acked = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -176,9 +189,11 @@ class UsageEvent(AppendOnlyModel):
         UNSUBSCRIBE = "unsubscribe", "unsubscribe"
         TOPIC = "topic", "topic change"
 
+    # Two rows per delivered message (publish, ACK): only ``at`` is indexed (the reports read
+    # by time; the admin filters and searches within pages ordered by it).
     at = models.DateTimeField(auto_now_add=True, db_index=True)
-    kind = models.CharField(max_length=32, choices=Kind.choices, db_index=True)
-    account = models.CharField(max_length=64, blank=True, db_index=True)
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    account = models.CharField(max_length=64, blank=True)
     topic = models.CharField(max_length=1024, blank=True)
     smuid = models.BigIntegerField(null=True, blank=True)
     bytes = models.BigIntegerField(default=0)
