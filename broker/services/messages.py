@@ -163,6 +163,7 @@ class _NewMessage:
     headers: list[tuple[str, str]]
     size: int
     sections: list[codec.DataSection]
+    expires: datetime | None = None
     pk: int = 0
 
 
@@ -226,15 +227,18 @@ def _prepare(snapshot: AccessSnapshot, req: PublishRequest,
     return topic, row
 
 
-def _store(rows: list[_NewMessage], now: datetime) -> None:
-    """INSERT the messages and their data sections; sets each row's ``pk`` (its smuid)."""
+def _store(rows: list[_NewMessage], now: datetime,
+           reserved: Callable[[], list[int]] | None = None) -> None:
+    """INSERT the messages and their data sections; sets each row's ``pk`` (its smuid).
+    ``reserved``: their keys, asked for already (:meth:`.rows.Table.reserve_pks`)."""
     received = db_datetime(now)
     pending = Message.State.PENDING.value
     pks = _MESSAGES.insert_returning_pks([
         (r.topic_id, r.publisher_id, r.publisher_guid, r.cmuid, r.name, r.priority,
-         db_datetime(r.created), received, r.timeout, None, r.depth, r.sequence, r.receipt,
-         r.reply, r.in_reply_to_id, db_json(r.headers), r.size, pending, None)
-        for r in rows])
+         db_datetime(r.created), received, r.timeout, db_datetime(r.expires), r.depth,
+         r.sequence, r.receipt, r.reply, r.in_reply_to_id, db_json(r.headers), r.size,
+         pending, None)
+        for r in rows], reserved)
     sections = []
     for row, pk in zip(rows, pks, strict=True):
         row.pk = pk
@@ -314,26 +318,28 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
     with hot_transaction():
         prepared = _apply_queue_limits(prepared, results)
         topics = {t.pk: t for _, t, _ in prepared}
-        # Asked before the INSERTs, so that its answer comes with the smuids' (one round trip).
+        # Both questions go out before either answer is read: one round trip on PostgreSQL.
         subscribers = _subscribers(list(topics.values()), now)
-        _store([row for _, _, row in prepared], now)
+        smuids = _MESSAGES.reserve_pks(len(prepared))
         subs = subscribers()
-        deliveries: list[tuple[int, int]] = []
-        expire_now: list[tuple[int, int | None]] = []
         allowed_by_topic: dict[int, list[int]] = {}
+        for topic_id, topic in topics.items():
+            candidates = [a for a, since in subs.get(topic_id, ())
+                          if since is None or since <= now]
+            allowed_by_topic[topic_id] = _may_receive(candidates, topic)
+        for _, topic, row in prepared:
+            # Nobody to wait for: the timeout starts now, stored with the row (no UPDATE).
+            if not allowed_by_topic[topic.pk] and row.timeout is not None and row.timeout >= 0:
+                row.expires = now + timedelta(seconds=row.timeout)
+        _store([row for _, _, row in prepared], now, smuids)
+        deliveries: list[tuple[int, int]] = []
         for i, topic, row in prepared:
-            allowed = allowed_by_topic.get(topic.pk)
-            if allowed is None:
-                candidates = [a for a, since in subs.get(topic.pk, ())
-                              if since is None or since <= now]
-                allowed = allowed_by_topic[topic.pk] = _may_receive(candidates, topic)
+            allowed = allowed_by_topic[topic.pk]
             if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
                 accounts = [_pick_queue_consumer(topic, allowed, row.pk)]
             else:
                 accounts = list(allowed)
             deliveries.extend((a, row.pk) for a in accounts)
-            if not accounts:
-                expire_now.append((row.pk, row.timeout))
             publisher = publishers[requests[i].account_id]
             cmuid_hdr = f"{publisher}/{requests[i].guid}/{row.cmuid}"
             results[i] = Published(
@@ -341,7 +347,6 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
                 priority=row.priority or NO_PRIORITY, accounts=accounts,
                 payload=(topic.path, cmuid_hdr, codec.Message(list(row.headers), row.sections)))
         _insert_deliveries(deliveries, now)
-        _start_timeouts_known(expire_now, now)
         _log_events([(UsageEvent.Kind.PUBLISH, publishers[requests[i].account_id], topic.path,
                       row.pk, row.size, requests[i].peer, {}) for i, topic, row in prepared],
                      now)

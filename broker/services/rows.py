@@ -200,26 +200,35 @@ class Table:
             with raw_cursor() as cursor:
                 cursor.executemany(self._insert_sql(False), rows)
 
-    def insert_returning_pks(self, rows: Sequence[tuple]) -> list[int]:
+    def reserve_pks(self, count: int) -> Callable[[], list[int]] | None:
+        """PostgreSQL: ask the table's sequence for ``count`` new keys; the returned function
+        reads them (ascending), for :meth:`insert_returning_pks`. Sent at once, read later
+        (:func:`query`): ask for them together with whatever else the caller needs first.
+        SQLite: ``None``, the keys come from the INSERTs themselves."""
+        if vendor() != "postgresql" or count == 0:
+            return None
+        meta = self.model._meta
+        read = query("SELECT nextval(pg_get_serial_sequence(%s, %s)) "
+                     "FROM generate_series(1, %s)", (meta.db_table, meta.pk.column, count))
+        return lambda: sorted(pk for (pk,) in read())
+
+    def insert_returning_pks(self, rows: Sequence[tuple],
+                             reserved: Callable[[], list[int]] | None = None) -> list[int]:
         """Insert, and return the new primary keys in row order (ascending: smuids grow in
-        publish order)."""
+        publish order). PostgreSQL inserts keys taken from the sequence first (``reserved``,
+        else taken now): one round trip for the keys, the rows go out pipelined."""
         if not rows:
             return []
-        with raw_cursor() as cursor:
-            if vendor() == "postgresql":
-                # Take the keys from the sequence first, then insert them explicitly: one
-                # round trip for the keys and one pipelined executemany for the rows.
-                meta = self.model._meta
-                cursor.execute(
-                    "SELECT nextval(pg_get_serial_sequence(%s, %s)) "
-                    "FROM generate_series(1, %s)", (meta.db_table, meta.pk.column, len(rows)))
-                pks = sorted(pk for (pk,) in cursor.fetchall())
+        if vendor() == "postgresql":
+            pks = (reserved or self.reserve_pks(len(rows)))()  # type: ignore[misc]
+            with raw_cursor() as cursor:
                 cursor.executemany(self._insert_sql(True),
                                    [(pk, *row) for pk, row in zip(pks, rows, strict=True)])
-                return pks
-            sql = self._insert_sql(False)
-            pks = []
+            return pks
+        sql = self._insert_sql(False)
+        pks = []
+        with raw_cursor() as cursor:
             for row in rows:
                 cursor.execute(sql, row)
                 pks.append(cursor.lastrowid)
-            return pks
+        return pks
