@@ -1,0 +1,120 @@
+"""``rows.hot_transaction`` and ``rows.query`` on a real database of each backend.
+
+On PostgreSQL the transaction runs in pipeline mode with a BEGIN and COMMIT of its own, so
+its error paths differ from Django's ``atomic()``: a failing statement surfaces at a later
+read or at the COMMIT. These run in a ``manage.py shell`` of their own, on a fresh database,
+outside any test transaction (the way the listener's database thread runs them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from .conftest import PG_ADMIN_URL, _fresh_database, base_env, run_manage
+
+SCRIPT = r"""
+import json
+from django.db import IntegrityError, connection, transaction
+from broker.models import DataSection, UsageEvent
+from broker.services.rows import hot_transaction, query, raw_cursor
+
+out = {}
+hooks = []
+table = UsageEvent._meta.db_table
+ph = "?" if connection.vendor == "sqlite" else "%s"
+insert = (f"INSERT INTO {table} (at, kind, account, topic, bytes, peer, detail) "
+          f"VALUES (CURRENT_TIMESTAMP, {ph}, '', '', 0, '', '{{}}')")
+
+def count(kind):
+    return UsageEvent.objects.filter(kind=kind).count()
+
+# 1. Commit: the rows are there, the on_commit hook ran after the COMMIT, a query's rows
+#    are read after later statements were sent.
+with hot_transaction(relaxed=True):
+    with raw_cursor() as cursor:
+        cursor.execute(insert, ["one"])
+    rows = query(f"SELECT kind FROM {table} WHERE kind = {ph}", ["one"])
+    with raw_cursor() as cursor:
+        cursor.execute(insert, ["one"])
+    transaction.on_commit(lambda: hooks.append(("committed", count("one"))))
+    out["hooks_inside"] = list(hooks)
+    out["read_later"] = [r[0] for r in rows()]
+out["hooks_after"] = hooks[:]
+out["after_commit"] = count("one")
+
+# 2. A statement that fails only at the COMMIT (a deferred foreign key on PostgreSQL; at
+#    once on SQLite): the error reaches the caller, nothing of the transaction stays, the
+#    hook never runs, and the connection works afterwards.
+hooks.clear()
+try:
+    with hot_transaction():
+        with raw_cursor() as cursor:
+            cursor.execute(insert, ["two"])
+        DataSection.objects.create(message_id=987654321, position=0, content_type="x",
+                                   content_length=0, body=b"")
+        transaction.on_commit(lambda: hooks.append("never"))
+    out["failure"] = None
+except IntegrityError as exc:
+    out["failure"] = type(exc).__name__
+out["after_failure"] = count("two")
+out["hooks_after_failure"] = hooks[:]
+
+# 3. An error raised by the code inside: rolled back as well.
+try:
+    with hot_transaction():
+        with raw_cursor() as cursor:
+            cursor.execute(insert, ["three"])
+        raise ValueError("boom")
+except ValueError:
+    pass
+out["after_raise"] = count("three")
+
+# 4. An atomic() inside (bulk_create opens one) joins the transaction; the connection is
+#    back in autocommit afterwards, outside any atomic block.
+with hot_transaction():
+    UsageEvent.objects.bulk_create([UsageEvent(kind="four"), UsageEvent(kind="four")])
+out["nested_atomic"] = count("four")
+out["autocommit"] = connection.get_autocommit()
+out["in_atomic_block"] = connection.in_atomic_block
+out["hooks_at_end"] = hooks[:]  # the failed transaction's hook never ran, not even later
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request):
+    base = Path(tempfile.mkdtemp(prefix="smqp-hot-"))
+    url, pg_name = _fresh_database(request.param, base)
+    env = base_env(base, url)
+    try:
+        run_manage(env, "migrate", "--noinput")
+        yield env
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        if pg_name:
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+
+
+def test_hot_transaction_commits_rolls_back_and_runs_hooks_after_commit(database):
+    result = run_manage(database, "shell", "--no-imports", "-c", SCRIPT)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out["hooks_inside"] == []
+    assert out["read_later"] == ["one"]
+    assert out["hooks_after"] == [["committed", 2]]
+    assert out["after_commit"] == 2
+    assert out["failure"] == "IntegrityError"
+    assert out["after_failure"] == 0
+    assert out["hooks_after_failure"] == []
+    assert out["after_raise"] == 0
+    assert out["nested_atomic"] == 2
+    assert out["autocommit"] is True
+    assert out["in_atomic_block"] is False
+    assert out["hooks_at_end"] == []
