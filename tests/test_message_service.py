@@ -81,3 +81,31 @@ def test_the_expiry_and_purge_sweeps_clear_more_than_one_batch_per_run(settings)
     settings.SMQP_TRASH_RETENTION = 0
     assert purge_trash() == 7
     assert list(Message.objects.values_list("pk", flat=True)) == ids[7:]
+
+
+def test_only_an_accounts_first_ack_counts_and_the_first_ack_sends_the_receipt():
+    pub, bob, alice = make_account("pub"), make_account("bob"), make_account("alice")
+    topic = Topic.objects.create(path="/receipts")
+    now = timezone.now()
+    held_one = Message.objects.create(topic=topic, publisher=pub, cmuid="r1", created=now,
+                                      receipt=True)
+    from_backlog = Message.objects.create(topic=topic, publisher=pub, cmuid="r2", created=now,
+                                          receipt=True)
+    Delivery.objects.create(account=bob, message=held_one)
+    receipts_topic = Topic.objects.get(account=pub)
+
+    def ack(account, message):
+        return message_service.ack_batch([message_service.AckRequest(account.pk, message.pk)])
+
+    [receipt] = ack(bob, held_one)
+    assert receipt.topic_id == receipts_topic.pk
+    assert Message.objects.get(pk=receipt.smuid).in_reply_to_id == held_one.pk
+    assert Delivery.objects.get(account=bob, message=held_one).state == Delivery.State.ACKED
+    assert ack(bob, held_one) == []  # again: nothing changes, no second receipt
+    assert ack(alice, held_one) == []  # a second account's ACK: recorded, no receipt
+    assert Delivery.objects.get(account=alice, message=held_one).state == Delivery.State.ACKED
+    # An ACK with no delivery row yet (the message came from a backlog) is a first ACK too.
+    [receipt] = ack(alice, from_backlog)
+    assert Message.objects.get(pk=receipt.smuid).in_reply_to_id == from_backlog.pk
+    assert Delivery.objects.get(account=alice, message=from_backlog).state == "acked"
+    assert Message.objects.filter(topic=receipts_topic).count() == 2

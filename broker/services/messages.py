@@ -441,25 +441,21 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     acked = Delivery.State.ACKED.value
     ph = placeholder()
     table = Delivery._meta.db_table
-    update = (f"UPDATE {table} SET state = {ph}, acked = {ph}, last_attempt = {ph} "
-              f"WHERE account_id = {ph} AND message_id = {ph} AND state <> {ph} "
-              f"RETURNING message_id")
-    # A subscriber that arrived later and ACKs a message it got from the backlog has no row
-    # yet; where the row exists (ACKed before, or just now) this inserts nothing.
-    insert = (f"INSERT INTO {table} (account_id, message_id, state, attempts, created, "
+    # One statement per ACK: the delivery row becomes ACKed, or is created ACKed (a
+    # subscriber that arrived later got the message from the backlog, with no row yet). A
+    # row ACKed before stays as it is and is not returned: only first ACKs come back.
+    upsert = (f"INSERT INTO {table} AS d (account_id, message_id, state, attempts, created, "
               f"last_attempt, next_attempt, acked) SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, "
               f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} "
-              f"ON CONFLICT DO NOTHING")
+              f"ON CONFLICT (account_id, message_id) DO UPDATE SET state = excluded.state, "
+              f"acked = excluded.acked, last_attempt = excluded.last_attempt "
+              f"WHERE d.state <> excluded.state RETURNING message_id")
     with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
-        updates = []
-        with raw_cursor() as cursor:
-            for ack in acks:
-                updates.append((ack.smuid, query(update, (acked, at, at, ack.account_id,
-                                                          ack.smuid, acked))))
-                cursor.execute(insert, (ack.account_id, acked, ack.attempts, at, at, at,
-                                        ack.smuid))
+        firsts = [(ack.smuid, query(upsert, (ack.account_id, acked, ack.attempts, at, at, at,
+                                             ack.smuid)))
+                  for ack in acks]
         facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
-        newly = [smuid for smuid, rows in updates if rows()]
+        newly = [smuid for smuid, rows in firsts if rows()]
         receipts = [m for m in newly if facts.get(m, (None, False))[1]]
         woken = _send_receipts(receipts, now) if receipts else []
         _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
