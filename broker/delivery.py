@@ -105,12 +105,13 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ publish / ack
 
-    async def publish(self, request: PublishRequest) -> Published:
-        """Queue for the next group commit; returns once the message is committed."""
-        future = asyncio.get_running_loop().create_future()
+    def publish(self, request: PublishRequest) -> asyncio.Future[Published]:
+        """Queue for the next group commit; the future is done once the message is committed
+        (a plain future: a session with many publishes in flight keeps no task for each)."""
+        future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
         self._publishes.append((request, future))
         self._publish_work.set()
-        return await future
+        return future
 
     async def ack(self, request: AckRequest) -> None:
         future = asyncio.get_running_loop().create_future()

@@ -493,8 +493,7 @@ class SMQPConsumer(AsyncConsumer):
         request = message_service.PublishRequest(
             account_id=self.account_id, guid=self.session.guid if self.session else "",
             kind=cmd.kind, topic=cmd.topic, cmuid=cmd.cmuid, message=cmd.message, peer=self.peer)
-        future = asyncio.ensure_future(self.dispatcher.publish(request))
-        self._outstanding.append((future, cmd.cmuid))
+        self._outstanding.append((self.dispatcher.publish(request), cmd.cmuid))
 
     async def _settle(self) -> None:
         """Write the replies of outstanding publishes, in order (after their commit)."""
