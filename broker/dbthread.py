@@ -14,38 +14,34 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
 
+from broker.services.rows import Unsent
+
 T = TypeVar("T")
 
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smqp-db")
 _ack_executor: ThreadPoolExecutor | None = None
-
-# A connection that served a call without error this recently is not health-checked again
-# (with CONN_HEALTH_CHECKS, Django's check is a round trip of its own, per call).
-HEALTH_CHECK_SECONDS = 1.0
-_local = threading.local()  # per thread: when its connection last served a call
 
 
 def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
     # As Channels does around each call: drop a connection that broke or outlived
     # CONN_MAX_AGE, before and after, so the next call gets a working one.
     close_old_connections()
-    if time.monotonic() - getattr(_local, "served_at", float("-inf")) < HEALTH_CHECK_SECONDS:
-        connection.health_check_done = True
     try:
-        result = fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except Unsent:
+            # The connection had broken before anything was committed (the database
+            # restarted): once more, on a new one.
+            connection.close()
+            return fn(*args, **kwargs)
     finally:
         close_old_connections()
-    if connection.connection is not None and not connection.errors_occurred:
-        _local.served_at = time.monotonic()
-    return result
 
 
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -96,6 +96,12 @@ def query(sql: str, params: Sequence[Any] = ()) -> Callable[[], list[tuple]]:
     return read
 
 
+class Unsent(Exception):
+    """The connection broke before the transaction's COMMIT went out (the database restarted
+    while the connection sat idle, say): nothing of it was committed, so it may run again on
+    a new connection (:func:`broker.dbthread.run` does, once)."""
+
+
 @contextmanager
 def hot_transaction(*, relaxed: bool = False) -> Iterator[None]:
     """The transaction of a publish or ACK batch.
@@ -109,8 +115,10 @@ def hot_transaction(*, relaxed: bool = False) -> Iterator[None]:
     batch of results the code reads (:func:`query`) plus one for the COMMIT, not one per
     statement (an ACK took 7; on a loaded 2-core machine each is about half a millisecond).
     A failing statement raises at the next read or at the COMMIT, and the transaction is
-    rolled back. ``transaction.on_commit`` hooks run after the COMMIT; an ``atomic()`` inside
-    joins this transaction without a savepoint (an error inside it dooms the transaction).
+    rolled back. The transaction skips Django's health check (a round trip of its own): a
+    connection found broken before the COMMIT went out raises :class:`Unsent` instead.
+    ``transaction.on_commit`` hooks run after the COMMIT; an ``atomic()`` inside joins this
+    transaction without a savepoint (an error inside it dooms the transaction).
 
     Otherwise (SQLite, or inside a caller's atomic block): ``transaction.atomic()``.
     """
@@ -126,7 +134,7 @@ def hot_transaction(*, relaxed: bool = False) -> Iterator[None]:
     # switching autocommit, and transaction.on_commit() hooks wait for the COMMIT.
     wrapper.in_atomic_block, wrapper.commit_on_exit = True, False
     wrapper.needs_rollback, wrapper.savepoint_ids = False, []
-    committed = False
+    committed = commit_sent = False
     try:
         with wrapper.wrap_database_errors:  # Django's exceptions; a broken link is noticed
             try:
@@ -139,9 +147,14 @@ def hot_transaction(*, relaxed: bool = False) -> Iterator[None]:
                         raise transaction.TransactionManagementError(
                             "an error inside the transaction left it unusable")
                     raw.execute("COMMIT")
+                    commit_sent = True  # queued: it leaves with the pipeline's last sync
                 committed = True
-            except BaseException:
-                if not raw.closed and raw.info.transaction_status != _IDLE:
+            except BaseException as exc:
+                if raw.closed:
+                    wrapper.errors_occurred = True  # Django drops the connection after
+                    if not commit_sent and raw.broken:
+                        raise Unsent("the database connection was lost") from exc
+                elif raw.info.transaction_status != _IDLE:
                     with suppress(Exception):
                         raw.execute("ROLLBACK")
                 raise
