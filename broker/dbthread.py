@@ -18,9 +18,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
+from django.db import close_old_connections, connection
 
-from broker.services.rows import Unsent
+from broker.services.rows import Unsent, vendor
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ def acks_apart() -> bool:
     that is committing, the two run side by side. On SQLite, no: it has one writer, and a
     second connection would wait for the lock in its busy handler (sleeps of a millisecond
     and more) instead of in this queue."""
-    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+    return vendor() == "postgresql"
 
 
 async def run_ack(fn: Callable[..., T], *args: Any) -> T:

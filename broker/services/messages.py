@@ -9,7 +9,7 @@ one transaction serves many messages.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -322,15 +322,12 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
         subscribers = _subscribers(list(topics.values()), now)
         smuids = _MESSAGES.reserve_pks(len(prepared))
         subs = subscribers()
-        allowed_by_topic: dict[int, list[int]] = {}
-        for topic_id, topic in topics.items():
-            candidates = [a for a, since in subs.get(topic_id, ())
-                          if since is None or since <= now]
-            allowed_by_topic[topic_id] = _may_receive(candidates, topic)
+        allowed_by_topic = {topic_id: _receivers(subs.get(topic_id, ()), topic, now)
+                            for topic_id, topic in topics.items()}
         for _, topic, row in prepared:
-            # Nobody to wait for: the timeout starts now, stored with the row (no UPDATE).
-            if not allowed_by_topic[topic.pk] and row.timeout is not None and row.timeout >= 0:
-                row.expires = now + timedelta(seconds=row.timeout)
+            if not allowed_by_topic[topic.pk]:
+                # Nobody to wait for: the timeout starts now, stored with the row (no UPDATE).
+                row.expires = _expiry(row.timeout, now)
         _store([row for _, _, row in prepared], now, smuids)
         deliveries: list[tuple[int, int]] = []
         for i, topic, row in prepared:
@@ -381,6 +378,15 @@ def _apply_queue_limits(prepared, results):
     return kept
 
 
+def _receivers(subscriptions: Iterable[tuple[int, datetime | None]], topic: Topic,
+               now: datetime) -> list[int]:
+    """The accounts to deliver a message of ``topic`` published ``now`` to, from the
+    (account, since) of the subscriptions covering it (:func:`_subscribers`): those whose
+    since-time has come and that may (still) receive from it, ascending."""
+    return _may_receive([a for a, since in subscriptions if since is None or since <= now],
+                        topic)
+
+
 def _may_receive(account_ids: list[int], topic: Topic) -> list[int]:
     """The accounts among ``account_ids`` that may (still) subscribe to ``topic``, from the
     cached access snapshots (a deleted or disabled account may not)."""
@@ -400,21 +406,30 @@ def _start_timeouts(message_ids: list[int], now: datetime) -> None:
             list(Message.objects.filter(pk__in=message_ids).values_list("pk", "timeout")), now)
 
 
+def _expiry(timeout: int | None, now: datetime) -> datetime | None:
+    """When a message whose timeout starts ``now`` expires: never for a state message
+    (negative timeout) or one without a timeout."""
+    if timeout is None or timeout < 0:
+        return None
+    return now + timedelta(seconds=timeout)
+
+
 def _start_timeouts_known(messages: list[tuple[int, int | None]], now: datetime) -> None:
     """:func:`_start_timeouts` for (smuid, timeout) pairs already known."""
-    groups: dict[int, list[int]] = defaultdict(list)
+    groups: dict[datetime, list[int]] = defaultdict(list)
     for pk, timeout in messages:
-        if timeout is not None and timeout >= 0:
-            groups[timeout].append(pk)
+        expires = _expiry(timeout, now)
+        if expires is not None:
+            groups[expires].append(pk)
     if not groups:
         return
     ph = placeholder()
     with raw_cursor() as cursor:
-        for timeout, ids in groups.items():
+        for expires, ids in groups.items():
             cursor.execute(
                 f"UPDATE {Message._meta.db_table} SET expires = {ph} "
                 f"WHERE id IN ({', '.join([ph] * len(ids))}) AND expires IS NULL",
-                [db_datetime(now + timedelta(seconds=timeout)), *ids])
+                [db_datetime(expires), *ids])
 
 
 # ----------------------------------------------------------------------------------- ack
@@ -776,9 +791,7 @@ def requeue_stale_queue_deliveries(now: datetime | None = None) -> int:
             .select_related("message")[:1000])
         if not stale:
             continue
-        subscribers = sorted({a for a, since in _subscribers([topic], now)().get(topic.pk, [])
-                              if since is None or since <= now})
-        subscribers = _may_receive(subscribers, topic)
+        subscribers = _receivers(_subscribers([topic], now)().get(topic.pk, ()), topic, now)
         for delivery in stale:
             touched += 1
             attempts = delivery.attempts + 1
