@@ -193,29 +193,38 @@ def _fresh_database(backend: str, base: Path) -> tuple[str, str | None]:
 
 
 @contextmanager
+def fresh_database(backend: str, base: Path,
+                   extra_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """A new, migrated database for ``backend`` (dropped afterwards): the environment of a
+    process that uses it (``base_env`` plus ``extra_env``)."""
+    import psycopg
+
+    url, pg_name = _fresh_database(backend, base)
+    env = {**base_env(base, url), **(extra_env or {})}
+    try:
+        run_manage(env, "migrate", "--noinput")
+        yield env
+    finally:
+        if pg_name:
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+
+
+@contextmanager
 def fresh_listener(backend: str, base: Path,
                    extra_env: dict[str, str] | None = None) -> Iterator[BrokerProcess]:
     """A listener on a database of its own (``backend``), with the superuser ``root`` and
     the plain accounts ``bob``, ``alice`` and ``jtegen`` (password ``pw``); ``extra_env``
     adds settings for it."""
-    import psycopg
-
-    url, pg_name = _fresh_database(backend, base)
-    env = {**base_env(base, url), **(extra_env or {})}
-    script = accounts_script("root", "bob", "alice", "jtegen")
-    try:
-        run_manage(env, "migrate", "--noinput")
-        run_manage(env, "shell", "--no-imports", "-c", script)
+    with fresh_database(backend, base, extra_env) as env:
+        run_manage(env, "shell", "--no-imports", "-c",
+                   accounts_script("root", "bob", "alice", "jtegen"))
         broker = start_listener(env, base, name=f"fresh-{backend}")
         broker.extra["backend"] = backend
         try:
             yield broker
         finally:
             stop_listener(broker)
-    finally:
-        if pg_name:
-            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -9,14 +9,10 @@ outside any test transaction (the way the listener's database thread runs them).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
-import psycopg
 import pytest
 
-from .conftest import PG_ADMIN_URL, _fresh_database, base_env, run_manage
+from .conftest import fresh_database, run_manage
 
 SCRIPT = r"""
 import json
@@ -88,18 +84,9 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def database(request):
-    base = Path(tempfile.mkdtemp(prefix="smqp-hot-"))
-    url, pg_name = _fresh_database(request.param, base)
-    env = base_env(base, url)
-    try:
-        run_manage(env, "migrate", "--noinput")
+def database(request, tmp_path):
+    with fresh_database(request.param, tmp_path) as env:
         yield env
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-        if pg_name:
-            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
 
 
 def test_hot_transaction_commits_rolls_back_and_runs_hooks_after_commit(database):
