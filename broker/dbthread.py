@@ -7,7 +7,8 @@ the cost of the hop: asgiref copies and restores context variables and wraps eve
 its thread-sensitivity machinery, about twice the CPU of a plain executor hop. The listener
 makes two such hops per delivered message (its ACK and its publish), so that was a large
 share of the delivery round trip. On PostgreSQL, ACK batches have a thread (and connection)
-of their own: :func:`run_ack`.
+of their own: :func:`run_ack`. The group commits themselves normally run in storage
+processes (:mod:`broker.storage`); these threads run them when those are turned off.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smqp-db")
 _ack_executor: ThreadPoolExecutor | None = None
 
 
-def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+def call_here(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on this thread's connection, as the database thread runs it."""
     # As Channels does around each call: drop a connection that broke or outlived
     # CONN_MAX_AGE, before and after, so the next call gets a working one.
     close_old_connections()
@@ -44,10 +46,14 @@ def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         close_old_connections()
 
 
+def _call_packed(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    return call_here(fn, *args, **kwargs)
+
+
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on the database thread."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor, _call, fn, args, kwargs)
+    return await loop.run_in_executor(_executor, _call_packed, fn, args, kwargs)
 
 
 def wrap(fn: Callable[..., T]) -> Callable[..., Any]:
@@ -77,4 +83,4 @@ async def run_ack(fn: Callable[..., T], *args: Any) -> T:
     if _ack_executor is None:
         _ack_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smqp-db-ack")
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_ack_executor, _call, fn, args, {})
+    return await loop.run_in_executor(_ack_executor, _call_packed, fn, args, {})

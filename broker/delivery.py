@@ -3,8 +3,9 @@
 Every listener process has one :class:`Dispatcher` (per event loop). Publishes and ACKs from
 all sessions queue here; one writer task for each stores whatever has queued up in a single
 transaction (so a burst of publishes costs one commit, not one each), and only then lets the
-sessions answer ``200`` / ``310 ACK``. On PostgreSQL the two commit side by side, each on a
-connection of its own (:func:`broker.dbthread.acks_apart`). After each commit it offers the
+sessions answer ``200`` / ``310 ACK``. The commits run in storage processes
+(:mod:`broker.storage`), on PostgreSQL side by side, each on a connection of its own
+(:func:`broker.dbthread.acks_apart`). After each commit it offers the
 new messages to the subscribed sessions of this process directly, and to other processes
 through the Channels layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
 """
@@ -27,6 +28,7 @@ from broker import dbthread
 from broker.services import ServiceError
 from broker.services import messages as message_service
 from broker.services.messages import AckRequest, Published, PublishRequest
+from broker.storage import Storage, StorageLost
 
 logger = logging.getLogger("broker.delivery")
 
@@ -49,9 +51,6 @@ WAKE_GATHER_SECONDS = 0.005
 # How long a login waits for its process to have joined the dispatch group (Redis slow or
 # down: the login goes on, and the backlog sweep covers what a missed wake-up delays).
 JOIN_WAIT_SECONDS = 1.0
-
-
-_publish_batch = dbthread.wrap(message_service.publish_batch)
 
 
 class Session(Protocol):
@@ -79,6 +78,8 @@ class Dispatcher:
         self._sender: asyncio.Task | None = None
         self._last_ack = float("-inf")
         self._joined = asyncio.get_running_loop().create_future()
+        self.storage = Storage()
+        self.storage.start()
         self._writer = asyncio.ensure_future(self._publish_loop())
         self._acker = asyncio.ensure_future(self._ack_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
@@ -148,11 +149,16 @@ class Dispatcher:
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
         try:
-            results = await _publish_batch([r for r, _ in batch])
+            results = await self.storage.publish_batch([r for r, _ in batch])
         except Exception as exc:  # nothing of this batch was committed
             logger.exception("publish batch of %d failed", len(batch))
-            error = exc if isinstance(exc, ServiceError) else ServiceError(
-                500, "Server error (nothing was committed)")
+            if isinstance(exc, ServiceError):
+                error = exc
+            elif isinstance(exc, StorageLost):  # it may have committed just before
+                error = ServiceError(500, "Server error (storage process lost; the message "
+                                          "may have been stored)")
+            else:
+                error = ServiceError(500, "Server error (nothing was committed)")
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
@@ -172,12 +178,14 @@ class Dispatcher:
 
     async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
         try:
-            receipts = await dbthread.run_ack(message_service.ack_batch, [r for r, _ in batch])
-        except Exception:
+            receipts = await self.storage.ack_batch([r for r, _ in batch])
+        except Exception as exc:
             logger.exception("ack batch of %d failed", len(batch))
+            text = ("Server error (storage process lost; the ACK may have been recorded)"
+                    if isinstance(exc, StorageLost) else "Server error (ACK not recorded)")
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(ServiceError(500, "Server error (ACK not recorded)"))
+                    future.set_exception(ServiceError(500, text))
             return
         for _, future in batch:
             if not future.done():
@@ -337,6 +345,7 @@ class Dispatcher:
         for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper):
             if task is not None:
                 task.cancel()
+        self.storage.close()
 
 
 def _log_failure(task: asyncio.Task) -> None:

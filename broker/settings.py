@@ -123,6 +123,9 @@ SMQP_SQLITE_SYNCHRONOUS = os.environ.get("SMQP_SQLITE_SYNCHRONOUS", "FULL").uppe
 # listener (kill -9) loses nothing, a power loss may deliver an ACKed message once more
 # (never loses one: publishes are always flushed). "full" flushes every ACK as well.
 SMQP_ACK_DURABILITY = os.environ.get("SMQP_ACK_DURABILITY", "relaxed").lower()
+# The listener's group commits (publishes, ACKs) run in storage processes of their own
+# (broker/storage.py), so they use another core than its event loop. Off: on its threads.
+SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Persistent: Channels closes connections older than this around every database call, and
     # reopening SQLite (with its PRAGMAs) costs more than most commands.

@@ -176,6 +176,19 @@ def changed() -> None:
     transaction.on_commit(bump)
 
 
+def local_generation() -> int:
+    """Counts this process's own topic changes (a storage process follows it:
+    :mod:`broker.storage`)."""
+    return _local_generation
+
+
+def invalidate_local() -> None:
+    """Load the tree again on its next use (the listener changed it: :mod:`broker.storage`)."""
+    global _local_generation
+    with _lock:
+        _local_generation += 1
+
+
 def reset() -> None:
     """Forget the loaded tree (tests whose transactions roll back call this)."""
     global _tree

@@ -291,6 +291,12 @@ def current_generation() -> int:
     return _cache.poll()
 
 
+def local_epoch() -> int:
+    """Counts the times this process dropped its snapshots (a storage process follows it:
+    :mod:`broker.storage`)."""
+    return _cache.epoch
+
+
 def invalidate_local() -> None:
     """Drop this process's snapshots at once (other processes follow on the generation)."""
     _cache.invalidate()

@@ -18,6 +18,10 @@ class ServiceError(Exception):
         self.code = code
         self.text = text
 
+    def __reduce__(self) -> tuple:
+        # Pickled by its own arguments (a storage process sends refusals back).
+        return (type(self), (self.code, self.text))
+
 
 def bad_request(reason: str) -> ServiceError:
     return ServiceError(400, f"Bad request ({reason})")

@@ -1,0 +1,326 @@
+"""Storage processes: the listener's group commits, run in processes of their own.
+
+The listener is one Python process: its event loop (parsing, replies, NOTIFY) and its
+database thread share one GIL, so together they never use more than one core, while the
+machine has more. The two hot calls, :func:`~broker.services.messages.publish_batch` and
+:func:`~broker.services.messages.ack_batch`, hold half of that core: each has a *lane*, a
+child process (``python -m broker.storage``) with a database connection of its own, fed over
+a socket pair. The rules stay in the services layer; only where they run changes.
+
+Lanes: on SQLite one for both (one writer; a second would wait for the lock in its busy
+handler), on PostgreSQL one for publishes and one for ACKs, which then commit side by side.
+
+A call carries the listener's local cache generations (topic tree, access snapshots), so a
+change this process made (CREATE TOPIC, a UAL edit) is seen by the next batch at once, not a
+poll interval later. A child ends when its socket closes (the listener stopped or died); a
+child that ends with calls outstanding fails them with :class:`StorageLost`, whose outcome
+is unknown (the batch may have committed just before), and the next call starts a new one.
+
+A frame is a 4-byte big-endian length and a pickle. Both ends are this program: the pickles
+never cross a trust boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+from broker.smqp.message import Message
+
+if TYPE_CHECKING:
+    from broker.services.messages import AckRequest, Published, PublishRequest
+
+logger = logging.getLogger("broker.storage")
+
+_LENGTH = struct.Struct("!I")
+#: Least time between two starts of one lane's process.
+RESTART_SECONDS = 1.0
+
+
+class StorageLost(Exception):
+    """The storage process ended before it answered: the call may or may not have
+    committed."""
+
+
+# ------------------------------------------------------------------------ the listener
+
+
+class _Reader(asyncio.Protocol):
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        while len(buffer) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(buffer)
+            end = _LENGTH.size + size
+            if len(buffer) < end:
+                break
+            frame = bytes(memoryview(buffer)[_LENGTH.size:end])
+            del buffer[:end]
+            self.lane.answered(pickle.loads(frame))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lane.lost()
+
+
+class Lane:
+    """One storage process and the calls waiting for it (answered in the order sent)."""
+
+    def __init__(self, name: str, database: str) -> None:
+        self.name = name
+        self.database = database
+        self._transport: asyncio.Transport | None = None
+        self._process: subprocess.Popen | None = None
+        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        self._starting: asyncio.Future | None = None
+        self._next_start = float("-inf")
+
+    async def call(self, name: str, *args: Any) -> Any:
+        """``CALLS[name](*args)`` in the storage process; raises what it raised."""
+        if self._transport is None:
+            await self._start()
+        assert self._transport is not None
+        future = asyncio.get_running_loop().create_future()
+        data = pickle.dumps((name, args, _generations()), protocol=pickle.HIGHEST_PROTOCOL)
+        self._transport.writelines((_LENGTH.pack(len(data)), data))
+        self._waiting.append(future)
+        ok, value = await future
+        if ok:
+            return value
+        raise value
+
+    def prestart(self) -> None:
+        if self._transport is None and self._starting is None:
+            self._starting = asyncio.ensure_future(self._spawn())
+            self._starting.add_done_callback(self._started)
+
+    def _started(self, task: asyncio.Future) -> None:
+        if self._starting is task:
+            self._starting = None
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("storage process %s did not start", self.name,
+                         exc_info=task.exception())
+
+    async def _start(self) -> None:
+        self.prestart()
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
+        if self._transport is None:
+            raise StorageLost(f"storage process {self.name} did not start")
+
+    async def _spawn(self) -> None:
+        from django.conf import settings
+
+        loop = asyncio.get_running_loop()
+        # A process that keeps ending at once (a broken install) is started once a second.
+        await asyncio.sleep(max(0.0, self._next_start - loop.time()))
+        self._next_start = loop.time() + RESTART_SECONDS
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get(
+            "DJANGO_SETTINGS_MODULE", "broker.settings")}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(settings.BASE_DIR), env.get("PYTHONPATH")) if p)
+        ours, theirs = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "broker.storage", str(theirs.fileno()), self.database],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        transport, _ = await loop.create_connection(lambda: _Reader(self), sock=ours)
+        self._transport = transport  # type: ignore[assignment]
+        logger.info("storage process %s started (pid %d)", self.name, self._process.pid)
+
+    def answered(self, reply: tuple[bool, Any]) -> None:
+        future = self._waiting.popleft()
+        if not future.done():
+            future.set_result(reply)
+
+    def lost(self) -> None:
+        self._transport = None
+        process, self._process = self._process, None
+        waiting, self._waiting = self._waiting, collections.deque()
+        if waiting:
+            logger.error("storage process %s ended with %d call(s) unanswered",
+                         self.name, len(waiting))
+        for future in waiting:
+            if not future.done():
+                future.set_result((False, StorageLost(f"storage process {self.name} ended")))
+        if process is not None:
+            asyncio.get_running_loop().run_in_executor(None, process.wait)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+class Storage:
+    """Where one listener's group commits run: its lanes, or (``SMQP_STORAGE_PROCESSES``
+    off, or an in-memory database no other process can open) the database threads."""
+
+    def __init__(self) -> None:
+        from django.db import connection
+
+        from broker import dbthread
+
+        self.apart = enabled()
+        # The database this process uses, by name: a test's database is not the configured one.
+        database = str(connection.settings_dict["NAME"])
+        self._publish = Lane("publish", database)
+        self._ack = Lane("ack", database) if dbthread.acks_apart() else self._publish
+        self._lanes = tuple(dict.fromkeys((self._publish, self._ack)))
+
+    def start(self) -> None:
+        """Start the processes now (they take a moment to load Django): the first
+        publish then finds them ready."""
+        if self.apart:
+            for lane in self._lanes:
+                lane.prestart()
+
+    async def publish_batch(self, requests: list[PublishRequest]) -> list:
+        from broker import dbthread
+        from broker.services import messages
+
+        if not self.apart:
+            return await dbthread.run(messages.publish_batch, requests)
+        results = await self._publish.call("publish_batch", requests)
+        for request, result in zip(requests, results, strict=True):
+            if isinstance(result, messages.Published) and result.payload is not None:
+                path, cmuid, headers = result.payload
+                result.payload = (path, cmuid, Message(headers, request.message.sections))
+        return results
+
+    async def ack_batch(self, acks: list[AckRequest]) -> list[Published]:
+        from broker import dbthread
+        from broker.services import messages
+
+        if not self.apart:
+            return await dbthread.run_ack(messages.ack_batch, acks)
+        return await self._ack.call("ack_batch", acks)
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.close()
+
+
+def enabled() -> bool:
+    """Do group commits run in storage processes? ``SMQP_STORAGE_PROCESSES`` (on by
+    default), never for an in-memory SQLite database."""
+    from django.conf import settings
+    from django.db import connection
+
+    if not settings.SMQP_STORAGE_PROCESSES:
+        return False
+    return not (connection.vendor == "sqlite" and connection.is_in_memory_db())
+
+
+def _generations() -> tuple[int, int]:
+    """This process's local cache generations (see the module docstring)."""
+    from topics import tree
+    from ual import resolution
+
+    return tree.local_generation(), resolution.local_epoch()
+
+
+# ------------------------------------------------------------------ the storage process
+
+
+def _publish_batch(requests: list) -> list:
+    """:func:`~broker.services.messages.publish_batch` without sending the data sections
+    back: the listener has them (the request's) and puts them in again."""
+    from broker.services.messages import Published, publish_batch
+
+    results = publish_batch(requests)
+    for result in results:
+        if isinstance(result, Published) and result.payload is not None:
+            path, cmuid, message = result.payload
+            result.payload = (path, cmuid, message.headers)  # type: ignore[assignment]
+    return results
+
+
+def _ack_batch(acks: list) -> list:
+    from broker.services.messages import ack_batch
+
+    return ack_batch(acks)
+
+
+CALLS = {"publish_batch": _publish_batch, "ack_batch": _ack_batch}
+
+
+def _follow(generations: tuple[int, int], seen: list[int | None]) -> None:
+    """Drop the cached topic tree / access snapshots when the listener changed them."""
+    from topics import tree
+    from ual import resolution
+
+    if generations[0] != seen[0]:
+        tree.invalidate_local()
+    if generations[1] != seen[1]:
+        resolution.invalidate_local()
+    seen[:] = generations
+
+
+def _read_exactly(stream: Any, size: int) -> bytes | None:
+    data = stream.read(size)
+    return data if data is not None and len(data) == size else None
+
+
+def serve(fd: int, database: str) -> None:
+    """Answer calls on the socket ``fd`` until it closes."""
+    from django.db import connection
+
+    from broker.dbthread import call_here
+
+    connection.settings_dict["NAME"] = database
+    sock = socket.socket(fileno=fd)
+    stream = sock.makefile("rb")
+    seen: list[int | None] = [None, None]
+    while True:
+        head = _read_exactly(stream, _LENGTH.size)
+        if head is None:
+            return
+        frame = _read_exactly(stream, _LENGTH.unpack(head)[0])
+        if frame is None:
+            return
+        name, args, generations = pickle.loads(frame)
+        try:
+            _follow(generations, seen)
+            reply: tuple[bool, Any] = (True, call_here(CALLS[name], *args))
+        except Exception as exc:
+            logger.exception("storage call %s failed", name)
+            reply = (False, exc)
+        try:
+            data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # an exception that does not pickle: say what it was
+            data = pickle.dumps((False, RuntimeError(repr(reply[1]))))
+        try:
+            sock.sendall(_LENGTH.pack(len(data)) + data)
+        except OSError:  # the listener is gone
+            return
+
+
+def main(argv: list[str]) -> None:
+    # Ctrl-C reaches the whole process group: the listener stops first and closes the socket.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+    import django
+
+    django.setup()
+    serve(int(argv[0]), argv[1])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
