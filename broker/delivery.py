@@ -41,6 +41,9 @@ MAX_BATCH = 2000
 # arrives meanwhile waits for one such slice at most); with no ACK for a second, MAX_BATCH.
 PUBLISH_SLICE = 64
 ACKING_SECONDS = 1.0
+# Bytes of message data committed at once at most (one message may be larger): a batch is
+# held in memory once more on its way to the storage process.
+MAX_BATCH_BYTES = 64 * 1024 * 1024
 # How long "this account may receive from this topic" is trusted without asking again. With
 # the UAL cache's own poll (0.5 s) a revoked right stops notifications within a second.
 GRANT_MEMO_SECONDS = 0.2
@@ -142,7 +145,7 @@ class Dispatcher:
                 # thread, publishes go in slices while subscribers ACK, so an ACK queued
                 # behind one waits for one slice at most.
                 acking = not apart and loop.time() - self._last_ack < ACKING_SECONDS
-                size = PUBLISH_SLICE if acking else MAX_BATCH
+                size = _batch_size(self._publishes, PUBLISH_SLICE if acking else MAX_BATCH)
                 publishes = self._publishes[:size]
                 del self._publishes[:size]
                 await self._commit_publishes(publishes)
@@ -346,6 +349,17 @@ class Dispatcher:
             if task is not None:
                 task.cancel()
         self.storage.close()
+
+
+def _batch_size(queued: list[tuple[PublishRequest, asyncio.Future]], most: int) -> int:
+    """How many of the queued publishes go into the next batch: at most ``most``, and no
+    more than :data:`MAX_BATCH_BYTES` of data unless the first alone is larger."""
+    total = 0
+    for count, (request, _) in enumerate(queued[:most]):
+        total += sum(len(s.body) for s in request.message.sections)
+        if total > MAX_BATCH_BYTES and count:
+            return count
+    return min(len(queued), most)
 
 
 def _log_failure(task: asyncio.Task) -> None:

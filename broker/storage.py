@@ -16,7 +16,7 @@ poll interval later. A child ends when its socket closes (the listener stopped o
 child that ends with calls outstanding fails them with :class:`StorageLost`, whose outcome
 is unknown (the batch may have committed just before), and the next call starts a new one.
 
-A frame is a 4-byte big-endian length and a pickle. Both ends are this program: the pickles
+A frame is an 8-byte big-endian length and a pickle. Both ends are this program: the pickles
 never cross a trust boundary.
 """
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("broker.storage")
 
-_LENGTH = struct.Struct("!I")
+_LENGTH = struct.Struct("!Q")
 #: Least time between two starts of one lane's process.
 RESTART_SECONDS = 1.0
 
