@@ -105,3 +105,73 @@ def test_hot_transaction_commits_rolls_back_and_runs_hooks_after_commit(database
     assert out["autocommit"] is True
     assert out["in_atomic_block"] is False
     assert out["hooks_at_end"] == []
+
+
+INSERT_SCRIPT = r"""
+import json
+from datetime import UTC, datetime
+from broker.models import DataSection, Message, UsageEvent
+from broker.services import rows
+from topics.models import Topic
+
+topic = Topic.objects.create(path="/rows")
+when = datetime(2026, 11, 22, 12, 30, 15, 123456, tzinfo=UTC)
+messages = rows.Table(Message, ("topic", "publisher", "publisher_guid", "cmuid", "name",
+                                "priority", "created", "received", "timeout", "expires",
+                                "depth", "sequence", "receipt", "reply", "in_reply_to",
+                                "headers", "size", "state", "trashed"))
+sections = rows.Table(DataSection, ("message", "position", "content_type", "content_length",
+                                    "content_encoding", "headers", "body"))
+events = rows.Table(UsageEvent, ("at", "kind", "account", "topic", "smuid", "bytes", "peer",
+                                 "detail"))
+
+def message(i, priority=None):
+    # Columns that are NULL in every row of a batch (publisher, in_reply_to, trashed) too.
+    return (topic.pk, None, "guid", f"c{i}", f"n{i}", priority, rows.db_datetime(when),
+            rows.db_datetime(when), -1 if i else None, None, 0, None, bool(i % 2), False,
+            None, rows.db_json([["Name", f"n{i}"], ["X-Quote", "it's \"quoted\""]]), 3,
+            "pending", None)
+
+out = {}
+with rows.hot_transaction():
+    three = messages.insert_returning_pks([message(0), message(1, 5), message(2)])
+    one = messages.insert_returning_pks([message(3)])
+    sections.insert([(pk, 0, "application/octet-stream", 3, "", rows.db_json([]),
+                      bytes([0, 255, i])) for i, pk in enumerate(three)])
+    events.insert([(rows.db_datetime(when), "publish", "bob", "/rows", pk, 3, "",
+                    rows.db_json({"k": [1, None]})) for pk in three + one])
+    events.insert([(rows.db_datetime(when), "ack", "", "", None, 0, "", rows.db_json({}))])
+out["pks"] = three + one
+out["messages"] = [
+    [m.pk, m.cmuid, m.priority, m.timeout, m.receipt, m.publisher_id, m.in_reply_to_id,
+     m.created.isoformat(), m.headers]
+    for m in Message.objects.filter(pk__in=three + one).order_by("pk")]
+out["bodies"] = [list(bytes(s.body)) for s in DataSection.objects.order_by("message_id")]
+out["details"] = [[e.smuid, e.detail, e.at.isoformat()]
+                  for e in UsageEvent.objects.order_by("pk")]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_table_inserts_write_what_the_orm_reads_back(database):
+    """:class:`rows.Table` (PostgreSQL: one unnest INSERT per batch, binary arrays; SQLite:
+    executemany) stores NULL-only columns, JSON, bytes and datetimes as the ORM reads them,
+    with keys ascending in row order."""
+    result = run_manage(database, "shell", "--no-imports", "-c", INSERT_SCRIPT)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    pks = out["pks"]
+    assert pks == sorted(pks) and len(set(pks)) == 4
+    when = "2026-11-22T12:30:15.123456+00:00"
+    assert out["messages"] == [
+        [pks[0], "c0", None, None, False, None, None, when,
+         [["Name", "n0"], ["X-Quote", "it's \"quoted\""]]],
+        [pks[1], "c1", 5, -1, True, None, None, when,
+         [["Name", "n1"], ["X-Quote", "it's \"quoted\""]]],
+        [pks[2], "c2", None, -1, False, None, None, when,
+         [["Name", "n2"], ["X-Quote", "it's \"quoted\""]]],
+        [pks[3], "c3", None, -1, True, None, None, when,
+         [["Name", "n3"], ["X-Quote", "it's \"quoted\""]]],
+    ]
+    assert out["bodies"] == [[0, 255, 0], [0, 255, 1], [0, 255, 2]]
+    assert out["details"] == [[pk, {"k": [1, None]}, when] for pk in pks] + [[None, {}, when]]
