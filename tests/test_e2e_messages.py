@@ -24,7 +24,7 @@ root = Account.objects.get(username='root')
 snap = AccessSnapshot(root)
 for path in ['/m', '/m/a', '/m/b', '/m/prio', '/m/multi', '/m/since', '/m/state', '/m/expiry',
              '/m/reply', '/m/receipt', '/m/limit', '/m/count', '/m/big', '/m/retry',
-             '/m/queue', '/m/once']:
+             '/m/queue', '/m/once', '/m/wait']:
     ts.create_topic(snap, path)
 Topic.objects.filter(path='/m/limit').update(max_message_size=1000)
 Topic.objects.filter(path='/m/count').update(max_message_count=2)
@@ -255,6 +255,38 @@ def test_state_message_is_kept_after_delivery(broker):
                   "from broker.services.messages import expire_messages; expire_messages()")
     with session(broker) as c:
         assert str(smuid) in c.command("LIST MESSAGE /m/state").lines[-1]
+
+
+def test_timeout_starts_once_every_publish_time_subscriber_acked(broker):
+    """Profile §8: the message's timeout runs from the last ACK of the subscribers that
+    existed at publish time, not from the publish (nor from the first ACK)."""
+    expire = ("from broker.services.messages import expire_messages; "
+              "print('EXPIRED', expire_messages())")
+
+    def expired() -> int:
+        out = broker.manage("shell", "--no-imports", "-c", expire).stdout
+        return int(out.split("EXPIRED", 1)[1].split()[0])
+
+    with session(broker, "bob") as bob, session(broker, "alice") as alice, \
+            session(broker) as pub:
+        assert bob.command("SUB MESSAGE /m/wait").code == 200
+        assert alice.command("SUB MESSAGE /m/wait").code == 200
+        smuid = smuid_of(pub.publish("/m/wait", "W1", [("Timeout", "00:00:01")]))
+        assert header(bob.message(), "Smuid").endswith(f"/{smuid}")
+        bob.ack()
+        note = alice.message()  # delivered, not yet ACKed
+        time.sleep(1.3)
+        assert expired() == 0  # alice has not ACKed: no timeout is running
+        assert str(smuid) in pub.command("LIST MESSAGE /m/wait").lines[-1]
+        assert header(note, "Smuid").endswith(f"/{smuid}")
+        alice.ack()
+        assert expired() == 0  # the timeout starts now: one second to go
+        time.sleep(1.3)
+        assert expired() == 1
+        assert pub.command("LIST MESSAGE /m/wait").lines[-1] == "none"
+        assert str(smuid) in pub.command("LIST MESSAGE /m/wait/Trash").lines[-1]
+        bob.command("UNSUB *")
+        alice.command("UNSUB *")
 
 
 def test_expiry_into_trash_and_republish(broker):

@@ -175,3 +175,52 @@ def test_table_inserts_write_what_the_orm_reads_back(database):
     ]
     assert out["bodies"] == [[0, 255, 0], [0, 255, 1], [0, 255, 2]]
     assert out["details"] == [[pk, {"k": [1, None]}, when] for pk in pks] + [[None, {}, when]]
+
+
+SCRIPT_SCRIPT = r"""
+import json
+from django.db import DatabaseError, connection
+from broker.models import UsageEvent
+from broker.services.rows import run_script
+
+out = {}
+table = UsageEvent._meta.db_table
+ph = "?" if connection.vendor == "sqlite" else "%s"
+insert = (f"INSERT INTO {table} (at, kind, account, topic, bytes, peer, detail) "
+          f"VALUES (CURRENT_TIMESTAMP, {ph}, {ph}, '', 0, '', '{{}}')")
+
+def count(kind):
+    return UsageEvent.objects.filter(kind=kind).count()
+
+run_script([(insert, ["five", "it's"]), (insert, ["five", "x"])], relaxed=True)
+out["committed"] = count("five")
+out["quoted"] = sorted(UsageEvent.objects.filter(kind="five").values_list("account", flat=True))
+for name, failing in [("at_once", "INSERT INTO no_such_table (x) VALUES (1)"),
+                      ("at_commit", "INSERT INTO broker_datasection (message_id, position, "
+                                    "content_type, content_length, content_encoding, headers, "
+                                    "body) VALUES (987654321, 0, '', 0, '', '[]', '')")]:
+    try:
+        run_script([(insert, [name, ""]), (failing, [])])
+        out[name] = "no error"
+    except DatabaseError as exc:
+        out[name] = type(exc).__name__
+    out[name + "_kept"] = count(name)
+out["usable"] = count("five")
+out["autocommit"] = connection.get_autocommit()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_run_script_commits_all_or_nothing(database):
+    """:func:`rows.run_script` (PostgreSQL: BEGIN, the statements and COMMIT as one query,
+    parameters bound client-side) commits every statement or none, also when the failure
+    comes only at the COMMIT (a deferred foreign key), and leaves the connection usable."""
+    result = run_manage(database, "shell", "--no-imports", "-c", SCRIPT_SCRIPT)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out["committed"] == 2
+    assert out["quoted"] == ["it's", "x"]
+    assert out["at_once"] != "no error" and out["at_once_kept"] == 0
+    assert out["at_commit"] == "IntegrityError" and out["at_commit_kept"] == 0
+    assert out["usable"] == 2
+    assert out["autocommit"] is True

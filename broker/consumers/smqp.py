@@ -662,8 +662,10 @@ class SMQPConsumer(AsyncConsumer):
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        payload = self._inflight_payload
+        receipt = payload is None or message_service.may_want_receipt(payload[2])
         await self.dispatcher.ack(message_service.AckRequest(self.account_id, smuid,
-                                                             self._attempts))
+                                                             self._attempts, receipt))
         for other in self.dispatcher.sessions.get(self.account_id, ()):
             if other is not self:
                 other.forget(smuid)

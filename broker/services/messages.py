@@ -39,6 +39,7 @@ from ual.resolution import AccessSnapshot, snapshot_for_id
 from . import ServiceError, not_found, unauthorized
 from . import topics as topic_service
 from .rows import (
+    Statement,
     Table,
     db_datetime,
     db_json,
@@ -47,6 +48,8 @@ from .rows import (
     placeholder,
     query,
     raw_cursor,
+    run_script,
+    vendor,
 )
 
 # Sort key of a message without Priority: after every message that has one.
@@ -440,6 +443,18 @@ class AckRequest:
     account_id: int
     smuid: int
     attempts: int = 1
+    # False when the message is known not to ask for a receipt (:func:`may_want_receipt`):
+    # the ACK then needs nothing read back before its COMMIT.
+    receipt: bool = True
+
+
+def may_want_receipt(message: codec.Message) -> bool:
+    """Might a first ACK of this (stored) message owe its publisher a receipt? Its
+    ``Receipt`` header, read as the publish read it (an unreadable one: maybe)."""
+    try:
+        return parse_bool(message.get("Receipt") or "NO")
+    except ValueError:
+        return True
 
 
 def ack_batch(acks: list[AckRequest]) -> list[Published]:
@@ -447,8 +462,8 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     messages whose every publish-time subscriber has now ACKed start their timeout; a
     receipt goes to the publisher at the first ACK when asked for. Returns the receipts,
     for the caller to offer once this has returned (committed). Plain SQL, a handful of
-    statements per batch and, on PostgreSQL, two round trips: this runs once per NOTIFY
-    round trip."""
+    statements per batch; on PostgreSQL one round trip when no message of the batch asks
+    for a receipt, else two: this runs once per NOTIFY round trip."""
     if not acks:
         return []
     now = timezone.now()
@@ -464,48 +479,93 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
               f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} "
               f"ON CONFLICT (account_id, message_id) DO UPDATE SET state = excluded.state, "
               f"acked = excluded.acked, last_attempt = excluded.last_attempt "
-              f"WHERE d.state <> excluded.state RETURNING message_id")
-    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
-        firsts = [(ack.smuid, query(upsert, (ack.account_id, acked, ack.attempts, at, at, at,
-                                             ack.smuid)))
-                  for ack in acks]
-        facts = finish_messages(sorted({ack.smuid for ack in acks}), now)
+              f"WHERE d.state <> excluded.state")
+    params = [(ack.account_id, acked, ack.attempts, at, at, at, ack.smuid) for ack in acks]
+    smuids = sorted({ack.smuid for ack in acks})
+    events = [(at, UsageEvent.Kind.ACK.value, snapshot_for_id(a.account_id).account.username,
+               "", a.smuid, 0, "", db_json({})) for a in acks]
+    relaxed = settings.SMQP_ACK_DURABILITY != "full"
+    if vendor() == "postgresql" and not any(ack.receipt for ack in acks):
+        # Nothing to read back: the whole transaction in one round trip. It may run twice
+        # (rows.run_script), which changes nothing but the usage events' count.
+        run_script([*((upsert, p) for p in params), *_finish_statements(smuids, now),
+                    _EVENTS.statement(events)], relaxed=relaxed)
+        return []
+    with hot_transaction(relaxed=relaxed):
+        firsts = [(p[-1], query(upsert + " RETURNING message_id", p)) for p in params]
+        finish_messages(smuids, now)
         newly = [smuid for smuid, rows in firsts if rows()]
-        receipts = [m for m in newly if facts.get(m, (None, False))[1]]
-        woken = _send_receipts(receipts, now) if receipts else []
-        _log_events([(UsageEvent.Kind.ACK, snapshot_for_id(a.account_id).account.username, "",
-                      a.smuid, 0, "", {}) for a in acks], now)
+        woken = _send_receipts(newly, now) if newly else []
+        _EVENTS.insert(events)
     return woken
 
 
-def finish_messages(message_ids: list[int], now: datetime) -> dict[int, tuple[int | None,
-                                                                             bool]]:
+def finish_messages(message_ids: list[int], now: datetime) -> None:
     """Messages with no delivery still open start their timeout; those with dead
-    deliveries and none open go to Trash (for audit) at once. Returns smuid → (timeout,
-    receipt wanted) of the messages that exist."""
+    deliveries and none open go to Trash (for audit) at once.
+
+    PostgreSQL: two UPDATEs that decide it themselves, so nothing is read back (inside
+    :func:`.rows.hot_transaction` they leave with the COMMIT). SQLite (no round trips to
+    save): the facts are read, and the datetimes computed here, in the form Django writes."""
     if not message_ids:
-        return {}
+        return
+    if vendor() == "postgresql":
+        _finish_in_sql(message_ids, now)
+        return
     marks = ", ".join([placeholder()] * len(message_ids))
     ph = placeholder()
     # Each message once, with the states of its deliveries that are not ACKed (if any).
     rows = query(
-        f"SELECT m.id, m.timeout, m.receipt, d.state FROM {Message._meta.db_table} m "
+        f"SELECT m.id, m.timeout, d.state FROM {Message._meta.db_table} m "
         f"LEFT JOIN {Delivery._meta.db_table} d ON d.message_id = m.id AND d.state <> {ph} "
         f"WHERE m.id IN ({marks})", [Delivery.State.ACKED.value, *message_ids])
-    facts: dict[int, tuple[int | None, bool]] = {}
+    timeouts: dict[int, int | None] = {}
     open_ids: set[int] = set()
     dead: set[int] = set()
-    for smuid, timeout, receipt, state in rows():
-        facts[smuid] = (timeout, bool(receipt))
+    for smuid, timeout, state in rows():
+        timeouts[smuid] = timeout
         if state is not None:
             (dead if state == Delivery.State.DEAD else open_ids).add(smuid)
-    done = [m for m in message_ids if m in facts and m not in open_ids]
+    done = [m for m in message_ids if m in timeouts and m not in open_ids]
     trash = [m for m in done if m in dead]
     if trash:
         Message.objects.filter(pk__in=trash, state=Message.State.PENDING).update(
             state=Message.State.TRASH, trashed=now)
-    _start_timeouts_known([(m, facts[m][0]) for m in done if m not in dead], now)
-    return facts
+    _start_timeouts_known([(m, timeouts[m]) for m in done if m not in dead], now)
+
+
+def _finish_in_sql(message_ids: list[int], now: datetime) -> None:
+    """:func:`finish_messages` on PostgreSQL: the same rule as SQL, nothing read back."""
+    with raw_cursor() as cursor:
+        for sql, params in _finish_statements(message_ids, now):
+            cursor.execute(sql, params)
+
+
+def _finish_statements(message_ids: list[int], now: datetime) -> list[Statement]:
+    """The statements of :func:`_finish_in_sql` (PostgreSQL)."""
+    messages, deliveries = Message._meta.db_table, Delivery._meta.db_table
+    acked, dead = Delivery.State.ACKED.value, Delivery.State.DEAD.value
+    return [
+        # Dead for someone and open for no one: to Trash.
+        (
+            f"UPDATE {messages} m SET state = %s, trashed = %s "
+            f"WHERE m.id = ANY(%s) AND m.state = %s "
+            f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
+            f"AND d.state NOT IN (%s, %s)) "
+            f"AND EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
+            f"AND d.state = %s)",
+            [Message.State.TRASH.value, now, message_ids, Message.State.PENDING.value,
+             acked, dead, dead],
+        ),
+        # ACKed by everyone: the timeout starts (none for a state message or no timeout).
+        (
+            f"UPDATE {messages} m SET expires = %s + m.timeout * interval '1 second' "
+            f"WHERE m.id = ANY(%s) AND m.expires IS NULL AND m.timeout >= 0 "
+            f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
+            f"AND d.state <> %s)",
+            [now, message_ids, acked],
+        ),
+    ]
 
 
 def _send_receipts(message_ids: list[int], now: datetime) -> list[Published]:

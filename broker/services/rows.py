@@ -167,6 +167,47 @@ def hot_transaction(*, relaxed: bool = False) -> Iterator[None]:
     wrapper.run_and_clear_commit_hooks()
 
 
+Statement = tuple[str, Sequence[Any]]
+
+
+def run_script(statements: Sequence[Statement], *, relaxed: bool = False) -> None:
+    """Run ``statements`` as one transaction that reads nothing back.
+
+    PostgreSQL, outside any atomic block: one simple-protocol query holding BEGIN, the
+    statements (parameters bound client-side) and COMMIT, so one round trip and one call
+    into psycopg; in pipeline mode (:func:`hot_transaction`) each statement costs psycopg a
+    send-and-poll of its own, most of an ACK's CPU. If a statement fails, PostgreSQL skips
+    the rest and the transaction is rolled back. A connection found broken raises
+    :class:`Unsent` whether or not the COMMIT ran before it broke: pass only statements
+    that may run twice. Otherwise: :func:`hot_transaction`, one statement at a time."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    if vendor() != "postgresql" or wrapper.in_atomic_block or not wrapper.get_autocommit():
+        with wrapper.wrap_database_errors, hot_transaction(relaxed=relaxed), \
+                raw_cursor() as cursor:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+        return
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    with closing(psycopg.ClientCursor(raw)) as cursor:
+        parts = ["BEGIN"]
+        if relaxed:
+            parts.append("SET LOCAL synchronous_commit = off")
+        parts.extend(cursor.mogrify(sql, params) for sql, params in statements)
+        parts.append("COMMIT")
+        with wrapper.wrap_database_errors:
+            try:
+                cursor.execute("; ".join(parts))
+            except BaseException as exc:
+                if raw.closed or raw.broken:
+                    wrapper.errors_occurred = True  # Django drops the connection after
+                    raise Unsent("the database connection was lost") from exc
+                if raw.info.transaction_status != _IDLE:
+                    with suppress(Exception):
+                        raw.execute("ROLLBACK")
+                raise
+
+
 @contextmanager
 def _atomic(wrapper: Any, relaxed: bool) -> Iterator[None]:
     # SQLite's pragma applies to the connection, so set it only around a transaction of our
@@ -212,6 +253,14 @@ class Table:
     def insert(self, rows: Sequence[tuple]) -> None:
         if rows:
             self._insert(rows, False)
+
+    def statement(self, rows: Sequence[tuple]) -> Statement:
+        """One multi-row INSERT of ``rows`` with ``%s``/``?`` placeholders, for
+        :func:`run_script`."""
+        one = self._insert_sql(False)
+        head, values = one.split(" VALUES ")
+        return (f"{head} VALUES {', '.join([values] * len(rows))}",
+                [value for row in rows for value in row])
 
     def _insert(self, rows: Sequence[tuple], with_pk: bool) -> None:
         if vendor() != "postgresql":
