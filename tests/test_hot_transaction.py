@@ -14,30 +14,37 @@ import pytest
 
 from .conftest import fresh_database, run_manage
 
-SCRIPT = r"""
+# Shared by the scripts below: an INSERT of a usage event of a given kind, and a count.
+PRELUDE = r"""
 import json
-from django.db import IntegrityError, connection, transaction
-from broker.models import DataSection, UsageEvent
-from broker.services.rows import hot_transaction, query, raw_cursor
+from django.db import connection
+from broker.models import UsageEvent
 
 out = {}
-hooks = []
 table = UsageEvent._meta.db_table
 ph = "?" if connection.vendor == "sqlite" else "%s"
 insert = (f"INSERT INTO {table} (at, kind, account, topic, bytes, peer, detail) "
-          f"VALUES (CURRENT_TIMESTAMP, {ph}, '', '', 0, '', '{{}}')")
+          f"VALUES (CURRENT_TIMESTAMP, {ph}, {ph}, '', 0, '', '{{}}')")
 
 def count(kind):
     return UsageEvent.objects.filter(kind=kind).count()
+"""
+
+SCRIPT = PRELUDE + r"""
+from django.db import IntegrityError, transaction
+from broker.models import DataSection
+from broker.services.rows import hot_transaction, query, raw_cursor
+
+hooks = []
 
 # 1. Commit: the rows are there, the on_commit hook ran after the COMMIT, a query's rows
 #    are read after later statements were sent.
 with hot_transaction(relaxed=True):
     with raw_cursor() as cursor:
-        cursor.execute(insert, ["one"])
+        cursor.execute(insert, ["one", ""])
     rows = query(f"SELECT kind FROM {table} WHERE kind = {ph}", ["one"])
     with raw_cursor() as cursor:
-        cursor.execute(insert, ["one"])
+        cursor.execute(insert, ["one", ""])
     transaction.on_commit(lambda: hooks.append(("committed", count("one"))))
     out["hooks_inside"] = list(hooks)
     out["read_later"] = [r[0] for r in rows()]
@@ -51,7 +58,7 @@ hooks.clear()
 try:
     with hot_transaction():
         with raw_cursor() as cursor:
-            cursor.execute(insert, ["two"])
+            cursor.execute(insert, ["two", ""])
         DataSection.objects.create(message_id=987654321, position=0, content_type="x",
                                    content_length=0, body=b"")
         transaction.on_commit(lambda: hooks.append("never"))
@@ -65,7 +72,7 @@ out["hooks_after_failure"] = hooks[:]
 try:
     with hot_transaction():
         with raw_cursor() as cursor:
-            cursor.execute(insert, ["three"])
+            cursor.execute(insert, ["three", ""])
         raise ValueError("boom")
 except ValueError:
     pass
@@ -177,20 +184,9 @@ def test_table_inserts_write_what_the_orm_reads_back(database):
     assert out["details"] == [[pk, {"k": [1, None]}, when] for pk in pks] + [[None, {}, when]]
 
 
-SCRIPT_SCRIPT = r"""
-import json
-from django.db import DatabaseError, connection
-from broker.models import UsageEvent
+SCRIPT_SCRIPT = PRELUDE + r"""
+from django.db import DatabaseError
 from broker.services.rows import run_script
-
-out = {}
-table = UsageEvent._meta.db_table
-ph = "?" if connection.vendor == "sqlite" else "%s"
-insert = (f"INSERT INTO {table} (at, kind, account, topic, bytes, peer, detail) "
-          f"VALUES (CURRENT_TIMESTAMP, {ph}, {ph}, '', 0, '', '{{}}')")
-
-def count(kind):
-    return UsageEvent.objects.filter(kind=kind).count()
 
 run_script([(insert, ["five", "it's"]), (insert, ["five", "x"])], relaxed=True)
 out["committed"] = count("five")
