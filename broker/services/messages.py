@@ -485,17 +485,24 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     events = [(at, UsageEvent.Kind.ACK.value, snapshot_for_id(a.account_id).account.username,
                "", a.smuid, 0, "", db_json({})) for a in acks]
     relaxed = settings.SMQP_ACK_DURABILITY != "full"
-    if vendor() == "postgresql" and not any(ack.receipt for ack in acks):
+    receipts = any(ack.receipt for ack in acks)
+    if vendor() == "postgresql" and not receipts:
         # Nothing to read back: the whole transaction in one round trip. It may run twice
         # (rows.run_script), which changes nothing but the usage events' count.
         run_script([*((upsert, p) for p in params), *_finish_statements(smuids, now),
                     _EVENTS.statement(events)], relaxed=relaxed)
         return []
+    woken: list[Published] = []
     with hot_transaction(relaxed=relaxed):
-        firsts = [(p[-1], query(upsert + " RETURNING message_id", p)) for p in params]
+        if receipts:
+            firsts = [(p[-1], query(upsert + " RETURNING message_id", p)) for p in params]
+        else:
+            with raw_cursor() as cursor:
+                cursor.executemany(upsert, params)
         finish_messages(smuids, now)
-        newly = [smuid for smuid, rows in firsts if rows()]
-        woken = _send_receipts(newly, now) if newly else []
+        if receipts:
+            newly = [smuid for smuid, rows in firsts if rows()]
+            woken = _send_receipts(newly, now) if newly else []
         _EVENTS.insert(events)
     return woken
 
