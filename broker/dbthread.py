@@ -46,14 +46,10 @@ def call_here(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         close_old_connections()
 
 
-def _call_packed(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
-    return call_here(fn, *args, **kwargs)
-
-
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on the database thread."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor, _call_packed, fn, args, kwargs)
+    return await loop.run_in_executor(_executor, functools.partial(call_here, fn, *args, **kwargs))
 
 
 def wrap(fn: Callable[..., T]) -> Callable[..., Any]:
@@ -83,4 +79,4 @@ async def run_ack(fn: Callable[..., T], *args: Any) -> T:
     if _ack_executor is None:
         _ack_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smqp-db-ack")
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_ack_executor, _call_packed, fn, args, {})
+    return await loop.run_in_executor(_ack_executor, functools.partial(call_here, fn, *args))

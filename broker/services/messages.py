@@ -259,12 +259,19 @@ def _insert_deliveries(pairs: list[tuple[int, int]], now: datetime) -> None:
     _DELIVERIES.insert([(a, m, pending, 0, at, None, None, None) for a, m in pairs])
 
 
-def _log_events(events: list[tuple[str, str, str, int | None, int, str, dict]],
-                now: datetime) -> None:
+Event = tuple[str, str, str, int | None, int, str, dict]
+
+
+def _log_events(events: list[Event], now: datetime) -> None:
     """Append usage events: (kind, account, topic, smuid, bytes, peer, detail)."""
+    _EVENTS.insert(_event_rows(events, now))
+
+
+def _event_rows(events: list[Event], now: datetime) -> list[tuple]:
+    """The rows of :func:`_log_events` (for :data:`_EVENTS`)."""
     at = db_datetime(now)
-    _EVENTS.insert([(at, kind, account, topic, smuid, size, peer, db_json(detail))
-                    for kind, account, topic, smuid, size, peer, detail in events])
+    return [(at, kind, account, topic, smuid, size, peer, db_json(detail))
+            for kind, account, topic, smuid, size, peer, detail in events]
 
 
 def _subscribers(topics: list[Topic | Node],
@@ -482,8 +489,9 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
               f"WHERE d.state <> excluded.state")
     params = [(ack.account_id, acked, ack.attempts, at, at, at, ack.smuid) for ack in acks]
     smuids = sorted({ack.smuid for ack in acks})
-    events = [(at, UsageEvent.Kind.ACK.value, snapshot_for_id(a.account_id).account.username,
-               "", a.smuid, 0, "", db_json({})) for a in acks]
+    kind = UsageEvent.Kind.ACK.value
+    events = _event_rows([(kind, snapshot_for_id(a.account_id).account.username, "", a.smuid,
+                           0, "", {}) for a in acks], now)
     relaxed = settings.SMQP_ACK_DURABILITY != "full"
     receipts = any(ack.receipt for ack in acks)
     if vendor() == "postgresql" and not receipts:
@@ -517,7 +525,9 @@ def finish_messages(message_ids: list[int], now: datetime) -> None:
     if not message_ids:
         return
     if vendor() == "postgresql":
-        _finish_in_sql(message_ids, now)
+        with raw_cursor() as cursor:
+            for sql, params in _finish_statements(message_ids, now):
+                cursor.execute(sql, params)
         return
     marks = ", ".join([placeholder()] * len(message_ids))
     ph = placeholder()
@@ -541,15 +551,9 @@ def finish_messages(message_ids: list[int], now: datetime) -> None:
     _start_timeouts_known([(m, timeouts[m]) for m in done if m not in dead], now)
 
 
-def _finish_in_sql(message_ids: list[int], now: datetime) -> None:
-    """:func:`finish_messages` on PostgreSQL: the same rule as SQL, nothing read back."""
-    with raw_cursor() as cursor:
-        for sql, params in _finish_statements(message_ids, now):
-            cursor.execute(sql, params)
-
-
 def _finish_statements(message_ids: list[int], now: datetime) -> list[Statement]:
-    """The statements of :func:`_finish_in_sql` (PostgreSQL)."""
+    """:func:`finish_messages` on PostgreSQL: the same rule as two UPDATEs that read
+    nothing back."""
     messages, deliveries = Message._meta.db_table, Delivery._meta.db_table
     acked, dead = Delivery.State.ACKED.value, Delivery.State.DEAD.value
     return [

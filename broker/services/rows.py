@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 _vendor: str | None = None
-_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (psycopg is imported only on PostgreSQL)
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def vendor() -> str:
@@ -100,7 +100,7 @@ def query(sql: str, params: Sequence[Any] = ()) -> Callable[[], list[tuple]]:
 class Unsent(Exception):
     """The connection broke before the transaction's COMMIT went out (the database restarted
     while the connection sat idle, say): nothing of it was committed, so it may run again on
-    a new connection (:func:`broker.dbthread.run` does, once)."""
+    a new connection (:func:`broker.dbthread.call_here` does, once)."""
 
 
 @contextmanager
@@ -151,13 +151,7 @@ def hot_transaction(*, relaxed: bool = False) -> Iterator[None]:
                     commit_sent = True  # queued: it leaves with the pipeline's last sync
                 committed = True
             except BaseException as exc:
-                if raw.closed:
-                    wrapper.errors_occurred = True  # Django drops the connection after
-                    if not commit_sent and raw.broken:
-                        raise Unsent("the database connection was lost") from exc
-                elif raw.info.transaction_status != _IDLE:
-                    with suppress(Exception):
-                        raw.execute("ROLLBACK")
+                _after_failure(wrapper, raw, exc, rerun=not commit_sent and raw.broken)
                 raise
     finally:
         wrapper.in_atomic_block, wrapper.commit_on_exit = False, True
@@ -199,13 +193,21 @@ def run_script(statements: Sequence[Statement], *, relaxed: bool = False) -> Non
             try:
                 cursor.execute("; ".join(parts))
             except BaseException as exc:
-                if raw.closed or raw.broken:
-                    wrapper.errors_occurred = True  # Django drops the connection after
-                    raise Unsent("the database connection was lost") from exc
-                if raw.info.transaction_status != _IDLE:
-                    with suppress(Exception):
-                        raw.execute("ROLLBACK")
+                _after_failure(wrapper, raw, exc, rerun=True)
                 raise
+
+
+def _after_failure(wrapper: Any, raw: Any, exc: BaseException, *, rerun: bool) -> None:
+    """A PostgreSQL transaction of ours failed. A lost connection (psycopg: a broken one is
+    always closed too) is left for Django to drop, and raises :class:`Unsent` when the caller
+    may run the transaction again (``rerun``); otherwise an open transaction is rolled back."""
+    if raw.closed:
+        wrapper.errors_occurred = True  # Django drops the connection after
+        if rerun:
+            raise Unsent("the database connection was lost") from exc
+    elif raw.info.transaction_status != _IDLE:
+        with suppress(Exception):
+            raw.execute("ROLLBACK")
 
 
 @contextmanager
