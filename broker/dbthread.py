@@ -52,16 +52,6 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await loop.run_in_executor(_executor, functools.partial(call_here, fn, *args, **kwargs))
 
 
-def wrap(fn: Callable[..., T]) -> Callable[..., Any]:
-    """``fn`` as a coroutine function that runs it on the database thread."""
-
-    @functools.wraps(fn)
-    async def call(*args: Any, **kwargs: Any) -> T:
-        return await run(fn, *args, **kwargs)
-
-    return call
-
-
 def acks_apart() -> bool:
     """Do ACK batches commit on a thread and connection of their own? On PostgreSQL, yes: a
     subscriber's ACK (and so its next NOTIFY) then never waits for a publish transaction
