@@ -79,6 +79,7 @@ class Dispatcher:
         self._grants: dict[tuple[int, str], float] = {}
         self._outgoing: defaultdict[int, list[list]] = defaultdict(list)
         self._sender: asyncio.Task | None = None
+        self._committing: set[asyncio.Future] = set()
         self._last_ack = float("-inf")
         self._joined = asyncio.get_running_loop().create_future()
         self.storage = Storage()
@@ -137,10 +138,15 @@ class Dispatcher:
     async def _publish_loop(self) -> None:
         loop = asyncio.get_running_loop()
         apart = dbthread.acks_apart()
+        # Batches on their way at once: two where the storage process flushes its WAL behind
+        # the next transaction (one batch is written while the one before is flushed),
+        # else one; either way they commit, and are answered, in the order sent.
+        slots = asyncio.Semaphore(self.storage.publishes_in_flight)
         while True:
             await self._publish_work.wait()
             self._publish_work.clear()
             while self._publishes:
+                await slots.acquire()
                 # An ACK holds a subscriber's next NOTIFY back. Where ACKs share the database
                 # thread, publishes go in slices while subscribers ACK, so an ACK queued
                 # behind one waits for one slice at most.
@@ -148,7 +154,10 @@ class Dispatcher:
                 size = _batch_size(self._publishes, PUBLISH_SLICE if acking else MAX_BATCH)
                 publishes = self._publishes[:size]
                 del self._publishes[:size]
-                await self._commit_publishes(publishes)
+                commit = asyncio.ensure_future(self._commit_publishes(publishes))
+                self._committing.add(commit)
+                commit.add_done_callback(self._committing.discard)
+                commit.add_done_callback(lambda _: slots.release())
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
         try:
@@ -345,7 +354,8 @@ class Dispatcher:
         await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
 
     def close(self) -> None:
-        for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper):
+        for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
+                     *self._committing):
             if task is not None:
                 task.cancel()
         self.storage.close()

@@ -16,14 +16,19 @@ poll interval later. A child ends when its socket closes (the listener stopped o
 child that ends with calls outstanding fails them with :class:`StorageLost`, whose outcome
 is unknown (the batch may have committed just before), and the next call starts a new one.
 
-A frame is an 8-byte big-endian length and a pickle. Both ends are this program: the pickles
-never cross a trust boundary.
+On SQLite a storage process commits without waiting for the disk and flushes the WAL
+itself before it answers a publish (:func:`flush_behind`): an ACK queued behind a publish
+does not wait for that flush, and one flush serves every publish batch committed before it.
+
+A frame is an 8-byte big-endian length and a pickle: a call (number, name, arguments, cache
+generations), or its answer (number, ok, result or exception). Answers may come in another
+order than the calls. Both ends are this program: the pickles never cross a trust boundary.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import itertools
 import logging
 import os
 import pickle
@@ -32,6 +37,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from broker.smqp.message import Message
@@ -44,6 +50,9 @@ logger = logging.getLogger("broker.storage")
 _LENGTH = struct.Struct("!Q")
 #: Least time between two starts of one lane's process.
 RESTART_SECONDS = 1.0
+#: Longest an answer waits for the WAL flush while further calls keep coming (see
+#: :func:`serve`).
+FLUSH_WITHIN = 0.002
 
 
 class StorageLost(Exception):
@@ -69,7 +78,7 @@ class _Reader(asyncio.Protocol):
                 break
             frame = bytes(memoryview(buffer)[_LENGTH.size:end])
             del buffer[:end]
-            self.lane.answered(pickle.loads(frame))
+            self.lane.answered(*pickle.loads(frame))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lane.lost()
@@ -83,7 +92,8 @@ class Lane:
         self.database = database
         self._transport: asyncio.Transport | None = None
         self._process: subprocess.Popen | None = None
-        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
         self._starting: asyncio.Future | None = None
         self._next_start = float("-inf")
 
@@ -93,9 +103,11 @@ class Lane:
             await self._start()
         assert self._transport is not None
         future = asyncio.get_running_loop().create_future()
-        data = pickle.dumps((name, args, _generations()), protocol=pickle.HIGHEST_PROTOCOL)
+        call_id = next(self._ids)
+        data = pickle.dumps((call_id, name, args, _generations()),
+                            protocol=pickle.HIGHEST_PROTOCOL)
         self._transport.writelines((_LENGTH.pack(len(data)), data))
-        self._waiting.append(future)
+        self._waiting[call_id] = future
         ok, value = await future
         if ok:
             return value
@@ -145,19 +157,19 @@ class Lane:
         self._transport = transport  # type: ignore[assignment]
         logger.info("storage process %s started (pid %d)", self.name, self._process.pid)
 
-    def answered(self, reply: tuple[bool, Any]) -> None:
-        future = self._waiting.popleft()
+    def answered(self, call_id: int, ok: bool, value: Any) -> None:
+        future = self._waiting.pop(call_id)
         if not future.done():
-            future.set_result(reply)
+            future.set_result((ok, value))
 
     def lost(self) -> None:
         self._transport = None
         process, self._process = self._process, None
-        waiting, self._waiting = self._waiting, collections.deque()
+        waiting, self._waiting = self._waiting, {}
         if waiting:
             logger.error("storage process %s ended with %d call(s) unanswered",
                          self.name, len(waiting))
-        for future in waiting:
+        for future in waiting.values():
             if not future.done():
                 future.set_result((False, StorageLost(f"storage process {self.name} ended")))
         if process is not None:
@@ -183,6 +195,10 @@ class Storage:
         self._publish = Lane("publish", database)
         self._ack = Lane("ack", database) if dbthread.acks_apart() else self._publish
         self._lanes = tuple(dict.fromkeys((self._publish, self._ack)))
+        #: Publish batches the dispatcher may have on their way at once: two where the
+        #: storage process flushes the WAL itself (:func:`flush_behind`), so that the next
+        #: batch is written while one is flushed.
+        self.publishes_in_flight = 2 if self.apart and _flushes_behind(connection) else 1
 
     def start(self) -> None:
         """Start the processes now (they take a moment to load Django): the first
@@ -228,6 +244,14 @@ def enabled() -> bool:
     return not (connection.vendor == "sqlite" and connection.is_in_memory_db())
 
 
+def _flushes_behind(connection: Any) -> bool:
+    """Does a storage process on this database flush the WAL itself (:func:`flush_behind`)?"""
+    from django.conf import settings
+
+    return connection.vendor == "sqlite" and not connection.is_in_memory_db() and \
+        settings.SMQP_SQLITE_SYNCHRONOUS in ("FULL", "EXTRA")
+
+
 def _generations() -> tuple[int, int]:
     """This process's local cache generations (see the module docstring)."""
     from topics import tree
@@ -261,6 +285,14 @@ def _ack_batch(acks: list) -> list:
 CALLS = {"publish_batch": _publish_batch, "ack_batch": _ack_batch}
 
 
+def _durable(name: str) -> bool:
+    """Must the call's commit be on disk before its answer goes? Publishes always; ACKs
+    with ``SMQP_ACK_DURABILITY=full`` (by default they commit without a flush)."""
+    from django.conf import settings
+
+    return name == "publish_batch" or settings.SMQP_ACK_DURABILITY == "full"
+
+
 def _follow(generations: tuple[int, int], seen: list[int | None]) -> None:
     """Drop the cached topic tree / access snapshots when the listener changed them."""
     from topics import tree
@@ -273,43 +305,141 @@ def _follow(generations: tuple[int, int], seen: list[int | None]) -> None:
     seen[:] = generations
 
 
-def _read_exactly(stream: Any, size: int) -> bytes | None:
-    data = stream.read(size)
-    return data if data is not None and len(data) == size else None
+def flush_behind(database: str) -> str | None:
+    """SQLite in WAL mode with ``synchronous=FULL`` (or EXTRA): this process commits with
+    NORMAL instead, which writes the WAL without waiting for the disk, and flushes the WAL
+    itself (:func:`serve`) before it answers a call that must be durable. Returns the WAL
+    file's path then, else None (the configured level stays).
+
+    Why: a small batch's commit waits about 0.4 ms for the disk with FULL, and this process
+    is the database's one writer. Now calls already waiting commit before the flush (an
+    ACK behind a publish no longer waits for the disk), and one flush covers every commit
+    before it (group commit). What is answered is as durable as with FULL: a transaction
+    is on disk once its WAL frames are, and a checkpoint (which may overwrite them later)
+    flushes the WAL before and the database file after."""
+    from django.conf import settings
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    if not _flushes_behind(connection):
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        if str(cursor.fetchone()[0]).lower() != "wal":  # the file system refused WAL
+            return None
+
+    def normal(sender: Any, connection: Any, **kwargs: Any) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA synchronous=NORMAL")
+
+    # The level rows.hot_transaction(relaxed=True) puts back after its own commit.
+    settings.SMQP_SQLITE_SYNCHRONOUS = "NORMAL"
+    connection_created.connect(normal, weak=False)  # a new connection after a lost one too
+    normal(None, connection)
+    return f"{database}-wal"
+
+
+class _Inbox:
+    """The frames the listener sends, read off the socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+
+    def get(self, *, wait: bool) -> bytes | None:
+        """The next frame; None when ``wait`` is false and no whole frame has come yet.
+        Raises EOFError when the socket closed."""
+        while True:
+            buffer = self._buffer
+            if len(buffer) >= _LENGTH.size:
+                end = _LENGTH.size + _LENGTH.unpack_from(buffer)[0]
+                if len(buffer) >= end:
+                    frame = bytes(memoryview(buffer)[_LENGTH.size:end])
+                    del buffer[:end]
+                    return frame
+            try:
+                data = self._sock.recv(1 << 20, 0 if wait else socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            if not data:
+                raise EOFError
+            buffer += data
 
 
 def serve(fd: int, database: str) -> None:
-    """Answer calls on the socket ``fd`` until it closes."""
+    """Answer calls on the socket ``fd`` until it closes.
+
+    With a WAL to flush (:func:`flush_behind`), the answers of durable calls wait in
+    ``owed`` while more calls are already waiting (at most :data:`FLUSH_WITHIN` seconds):
+    those commit first, then one flush covers them all, and the answers go. An answer
+    that needs no flush (a failed call, a relaxed ACK) goes at once, before them: the
+    listener matches answers to calls by their numbers."""
     from django.db import connection
 
     from broker.dbthread import call_here
 
     connection.settings_dict["NAME"] = database
     sock = socket.socket(fileno=fd)
-    stream = sock.makefile("rb")
+    inbox = _Inbox(sock)
+    wal = flush_behind(database)
+    owed: list[bytes] = []
+    owed_since = 0.0
     seen: list[int | None] = [None, None]
-    while True:
-        head = _read_exactly(stream, _LENGTH.size)
-        if head is None:
-            return
-        frame = _read_exactly(stream, _LENGTH.unpack(head)[0])
-        if frame is None:
-            return
-        name, args, generations = pickle.loads(frame)
+    try:
+        while True:
+            if owed and time.monotonic() - owed_since >= FLUSH_WITHIN:
+                frame = None
+            else:
+                try:
+                    frame = inbox.get(wait=not owed)
+                except EOFError:
+                    return
+            if frame is None:  # nothing more queued: flush, then answer
+                assert wal is not None
+                _flush(wal)
+                sock.sendall(b"".join(owed))
+                owed.clear()
+                continue
+            call_id, name, args, generations = pickle.loads(frame)
+            try:
+                _follow(generations, seen)
+                reply: tuple[int, bool, Any] = (call_id, True, call_here(CALLS[name], *args))
+            except Exception as exc:
+                logger.exception("storage call %s failed", name)
+                reply = (call_id, False, exc)
+            try:
+                data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # an exception that does not pickle: say what it was
+                data = pickle.dumps((call_id, False, RuntimeError(repr(reply[2]))))
+            data = _LENGTH.pack(len(data)) + data
+            # A failed call committed nothing: its answer needs no flush.
+            if wal is not None and reply[1] and _durable(name):
+                if not owed:
+                    owed_since = time.monotonic()
+                owed.append(data)
+            else:
+                sock.sendall(data)
+    except OSError:  # the listener is gone
+        return
+
+
+class _FlushFailed(Exception):
+    """The WAL flush failed: the storage process ends."""
+
+
+def _flush(wal: str) -> None:
+    """fdatasync the WAL: what was committed before is on disk after."""
+    try:
+        fd = os.open(wal, os.O_RDONLY)
         try:
-            _follow(generations, seen)
-            reply: tuple[bool, Any] = (True, call_here(CALLS[name], *args))
-        except Exception as exc:
-            logger.exception("storage call %s failed", name)
-            reply = (False, exc)
-        try:
-            data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # an exception that does not pickle: say what it was
-            data = pickle.dumps((False, RuntimeError(repr(reply[1]))))
-        try:
-            sock.sendall(_LENGTH.pack(len(data)) + data)
-        except OSError:  # the listener is gone
-            return
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        # After a failed flush the page cache cannot be trusted to reach the disk: the
+        # process ends without answering (the listener says the outcome is unknown), and
+        # the next call starts one with a new connection.
+        raise _FlushFailed(f"flushing {wal} failed: {exc}") from exc
 
 
 def main(argv: list[str]) -> None:
