@@ -149,3 +149,39 @@ def test_without_storage_processes_the_threads_commit(tmp_path):
         assert header(sub.message(), "Smuid").endswith(f"/{smuid}")
         sub.ack()
         assert storage_pids(broker.proc.pid) == []
+
+
+def test_a_session_reads_on_while_its_publishes_commit_and_answers_in_order(tmp_path):
+    """While a publish waits for its commit (here: the test holds SQLite's write lock), the
+    session reads on, its publish replies written by a task of their own: those replies,
+    and that of a command sent between the publishes, still come in the order sent."""
+    import sqlite3
+
+    import dj_database_url
+
+    with fresh_listener("sqlite", tmp_path) as broker, \
+            Session(broker.host, broker.port, "root") as pub:
+        assert pub.command("CREATE TOPIC /order").code == 200
+        assert pub.publish("/order", "warm").code == 200
+        lock = sqlite3.connect(dj_database_url.parse(broker.env["DATABASE_URL"])["NAME"],
+                               isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")  # no commit gets through until we let it
+        try:
+            sent = []
+            for i in range(5):
+                pub.send_publish("/order", f"p{i}")
+                sent.append(f"p{i}")
+                if i == 2:
+                    pub.sock.sendall(b"NOOP\r\n")
+                    sent.append("NOOP")
+                time.sleep(0.1)  # each arrives on its own
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        replies = [pub.reply() for _ in sent]
+        assert [r.code for r in replies] == [200] * len(sent), replies
+        # A publish's reply names its Cmuid; NOOP's is a bare OK.
+        assert [r.lines for r in replies if len(r.lines) == 1] == [["OK"]]
+        assert [r.lines[-1].split()[0] if len(r.lines) > 1 else "NOOP" for r in replies] == sent
+        smuids = [smuid_of(r) for r, what in zip(replies, sent, strict=True) if what != "NOOP"]
+        assert smuids == sorted(smuids)

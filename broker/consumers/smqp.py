@@ -54,6 +54,9 @@ logger = logging.getLogger("broker.smqp")
 BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit, c.RawLine)
 # Topic notifications kept for a session while it has notifications suspended.
 MAX_HELD_NOTIFICATIONS = 1000
+# Publishes of one session waiting for their commit before the session stops reading: a
+# publisher that sends without waiting for replies is held back here (TCP backpressure).
+MAX_OUTSTANDING_PUBLISHES = 1024
 
 
 def _handler_name(command_class: type) -> str:
@@ -104,8 +107,10 @@ class SMQPConsumer(AsyncConsumer):
         self._attempts = 0
         self._retry: asyncio.TimerHandle | None = None
         self._pump_task: asyncio.Task | None = None
-        # Publishes handed to the dispatcher whose replies are still to be written, in order.
+        # Publishes handed to the dispatcher whose replies are still to be written, in order,
+        # and the task writing them (the session reads on meanwhile).
         self._outstanding: deque[tuple[asyncio.Future, str]] = deque()
+        self._settler: asyncio.Task | None = None
         # SET NOTIFY PORT: the connection notifications go to instead of this one.
         self._notify_writer: asyncio.StreamWriter | None = None
         self._notify_task: asyncio.Task | None = None
@@ -161,6 +166,8 @@ class SMQPConsumer(AsyncConsumer):
         if self._pump_task is not None:
             self._pump_task.cancel()
         self._close_notify_channel()
+        if self._settler is not None:
+            self._settler.cancel()
         for future, _ in self._outstanding:
             # The peer is gone; the publish itself still completes (and is kept).
             future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
@@ -210,7 +217,13 @@ class SMQPConsumer(AsyncConsumer):
                 continue
             await self._settle()
             await self._dispatch(event)
-        await self._settle()
+        if self.closing or len(self._outstanding) >= MAX_OUTSTANDING_PUBLISHES:
+            await self._settle()
+        elif self._outstanding and (self._settler is None or self._settler.done()):
+            # Their replies go once committed; the next publishes are read meanwhile, so a
+            # publisher's stream is not one commit per message.
+            self._settler = asyncio.ensure_future(self._settle_and_flush())
+            self._settler.add_done_callback(_log_failure)
         await self.flush(close=self.closing)
 
     async def _dispatch(self, command: Any) -> None:
@@ -496,7 +509,20 @@ class SMQPConsumer(AsyncConsumer):
         self._outstanding.append((self.dispatcher.publish(request), cmd.cmuid))
 
     async def _settle(self) -> None:
-        """Write the replies of outstanding publishes, in order (after their commit)."""
+        """Write the replies of outstanding publishes, in order (after their commit): before
+        any other reply, those of the publishes before it."""
+        if self._settler is not None and not self._settler.done():
+            await asyncio.shield(self._settler)  # it writes them all; no publish comes meanwhile
+        await self._write_replies()
+
+    async def _settle_and_flush(self) -> None:
+        """The settler: replies of the publishes as they commit, including those read
+        while it runs, each group written as soon as it is there."""
+        while self._outstanding:
+            await self._write_replies()
+            await self.flush()
+
+    async def _write_replies(self) -> None:
         while self._outstanding:
             future, cmuid = self._outstanding[0]
             try:
@@ -742,3 +768,8 @@ class SMQPConsumer(AsyncConsumer):
             await writer.drain()
         except (ConnectionError, OSError):
             self._close_notify_channel()
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("writing publish replies failed", exc_info=task.exception())
