@@ -55,6 +55,18 @@ RESTART_SECONDS = 1.0
 FLUSH_WITHIN = 0.002
 
 
+def take_frame(buffer: bytearray) -> bytes | None:
+    """The first whole frame's pickle, taken out of ``buffer``; None while it is partial."""
+    if len(buffer) < _LENGTH.size:
+        return None
+    end = _LENGTH.size + _LENGTH.unpack_from(buffer)[0]
+    if len(buffer) < end:
+        return None
+    frame = bytes(memoryview(buffer)[_LENGTH.size:end])
+    del buffer[:end]
+    return frame
+
+
 class StorageLost(Exception):
     """The storage process ended before it answered: the call may or may not have
     committed."""
@@ -69,15 +81,8 @@ class _Reader(asyncio.Protocol):
         self.buffer = bytearray()
 
     def data_received(self, data: bytes) -> None:
-        buffer = self.buffer
-        buffer += data
-        while len(buffer) >= _LENGTH.size:
-            (size,) = _LENGTH.unpack_from(buffer)
-            end = _LENGTH.size + size
-            if len(buffer) < end:
-                break
-            frame = bytes(memoryview(buffer)[_LENGTH.size:end])
-            del buffer[:end]
+        self.buffer += data
+        while (frame := take_frame(self.buffer)) is not None:
             self.lane.answered(*pickle.loads(frame))
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -349,21 +354,15 @@ class _Inbox:
     def get(self, *, wait: bool) -> bytes | None:
         """The next frame; None when ``wait`` is false and no whole frame has come yet.
         Raises EOFError when the socket closed."""
-        while True:
-            buffer = self._buffer
-            if len(buffer) >= _LENGTH.size:
-                end = _LENGTH.size + _LENGTH.unpack_from(buffer)[0]
-                if len(buffer) >= end:
-                    frame = bytes(memoryview(buffer)[_LENGTH.size:end])
-                    del buffer[:end]
-                    return frame
+        while (frame := take_frame(self._buffer)) is None:
             try:
                 data = self._sock.recv(1 << 20, 0 if wait else socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return None
             if not data:
                 raise EOFError
-            buffer += data
+            self._buffer += data
+        return frame
 
 
 def serve(fd: int, database: str) -> None:

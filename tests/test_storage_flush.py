@@ -23,7 +23,7 @@ import pytest
 
 from broker.services.messages import AckRequest, Published, PublishRequest
 from broker.smqp.message import DataSection, Message
-from broker.storage import _LENGTH
+from broker.storage import _LENGTH, take_frame
 from tests.conftest import ROOT, accounts_script, fresh_database, run_manage
 
 pytestmark = pytest.mark.e2e
@@ -57,7 +57,7 @@ class Child:
              str(self.release_r), str(log)],
             pass_fds=(theirs.fileno(), self.release_r), env=env, cwd=ROOT)
         theirs.close()
-        self.buffer = b""
+        self.buffer = bytearray()
 
     def send(self, *calls: tuple[int, str, list]) -> None:
         """Calls in one write: the process finds them queued together."""
@@ -69,17 +69,13 @@ class Child:
 
     def answer(self, timeout: float) -> tuple | None:
         """The next answer (call id, ok, value), or None if none came within ``timeout``."""
-        while True:
-            if len(self.buffer) >= _LENGTH.size:
-                end = _LENGTH.size + _LENGTH.unpack_from(self.buffer)[0]
-                if len(self.buffer) >= end:
-                    frame, self.buffer = self.buffer[_LENGTH.size:end], self.buffer[end:]
-                    return pickle.loads(frame)
+        while (frame := take_frame(self.buffer)) is None:
             if not select.select([self.sock], [], [], timeout)[0]:
                 return None
             data = self.sock.recv(1 << 20)
             assert data, "the storage process closed its socket"
             self.buffer += data
+        return pickle.loads(frame)
 
     def release(self) -> None:
         os.write(self.release_w, b"x")
@@ -174,14 +170,11 @@ async def test_the_listener_matches_answers_to_calls_by_number_not_order():
     lane._transport, _ = await loop.create_connection(lambda: _Reader(lane), sock=ours)
     first = asyncio.ensure_future(lane.call("publish_batch", "P"))
     second = asyncio.ensure_future(lane.call("ack_batch", "A"))
-    received, calls = b"", []
+    received, calls = bytearray(), []
     while len(calls) < 2:
         received += await loop.sock_recv(theirs, 1 << 16)
-        while len(received) >= _LENGTH.size and \
-                len(received) >= _LENGTH.size + _LENGTH.unpack_from(received)[0]:
-            end = _LENGTH.size + _LENGTH.unpack_from(received)[0]
-            calls.append(pickle.loads(received[_LENGTH.size:end]))
-            received = received[end:]
+        while (frame := take_frame(received)) is not None:
+            calls.append(pickle.loads(frame))
     (p_id, p_name, p_args, _), (a_id, a_name, a_args, _) = calls
     assert (p_name, p_args, a_name, a_args) == ("publish_batch", ("P",), "ack_batch", ("A",))
     for answer in ((a_id, True, "ack answer"), (p_id, False, ValueError("publish answer"))):
