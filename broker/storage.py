@@ -448,6 +448,9 @@ def main(argv: list[str]) -> None:
     import django
 
     django.setup()
+    from broker.heap import freeze_startup
+
+    freeze_startup()
     serve(int(argv[0]), argv[1])
 
 

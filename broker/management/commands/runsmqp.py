@@ -44,10 +44,12 @@ class Command(BaseCommand):
 
     async def _serve(self, host: str, port: int, reuse_port: bool, grace: float) -> None:
         from broker.asgi import application
+        from broker.heap import freeze_startup
         from broker.server import SMQPServer
 
         server = SMQPServer(application, host, port, reuse_port=reuse_port)
         addresses = await server.start()
+        freeze_startup()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
