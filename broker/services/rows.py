@@ -214,7 +214,10 @@ def _after_failure(wrapper: Any, raw: Any, exc: BaseException, *, rerun: bool) -
 def _atomic(wrapper: Any, relaxed: bool) -> Iterator[None]:
     # SQLite's pragma applies to the connection, so set it only around a transaction of our
     # own (not inside a caller's), and put the configured level back afterwards.
-    sqlite = relaxed and vendor() == "sqlite" and not wrapper.in_atomic_block
+    # Nothing to set where the configured level is relaxed already (a storage process that
+    # flushes the WAL itself commits with NORMAL: broker.storage.flush_behind).
+    sqlite = (relaxed and vendor() == "sqlite" and not wrapper.in_atomic_block
+              and settings.SMQP_SQLITE_SYNCHRONOUS not in ("NORMAL", "OFF"))
     if sqlite:
         with wrapper.cursor() as cursor:
             cursor.execute("PRAGMA synchronous=NORMAL")
