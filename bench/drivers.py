@@ -44,10 +44,6 @@ def _ignore_confirm(token: int, ok: bool, detail: str) -> None:
     return None
 
 
-def _ignore_message(body: bytes, received_ns: int) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class BrokerSpec:
     """How a worker process reaches a broker (picklable).
@@ -100,11 +96,25 @@ class Subscriber(ABC):
     """A consuming connection: manual ACK, one unacknowledged message at a time."""
 
     def __init__(self) -> None:
-        self.on_message: MessageCallback = _ignore_message
+        #: Where deliveries go: held until :meth:`listen` names a callback.
+        self.on_message: MessageCallback = self._hold
+        self._held: list[tuple[bytes, int]] = []
         self.failure: BaseException | None = None
         #: ACKs the broker refused (SMQP: a reply other than ``310 ACK``).
         self.ack_errors = 0
         self.ack_error_samples: list[str] = []
+
+    def _hold(self, body: bytes, received_ns: int) -> None:
+        self._held.append((body, received_ns))
+
+    def listen(self, callback: MessageCallback) -> None:
+        """Deliveries go to ``callback`` from now on, and those that came before (after
+        :meth:`connect`, while the caller was not listening yet) go to it first: each was
+        ACKed when it came, so none may be dropped."""
+        held, self._held = self._held, []
+        self.on_message = callback
+        for body, received_ns in held:
+            callback(body, received_ns)
 
     @abstractmethod
     async def connect(self) -> None:

@@ -415,7 +415,7 @@ async def run_subscriber(role: Role, shared: Shared, window: Window,
         res.last_receive = seconds
         last_progress = seconds
 
-    subscriber.on_message = on_message
+    subscriber.listen(on_message)
     try:
         while subscriber.failure is None and not shared.abort.value:
             expected = shared.expected.value
