@@ -111,6 +111,38 @@ def test_only_an_accounts_first_ack_counts_and_the_first_ack_sends_the_receipt()
     assert Message.objects.filter(topic=receipts_topic).count() == 2
 
 
+def test_an_ack_of_a_deleted_account_is_moot_and_fails_nothing(monkeypatch):
+    """A journaled ACK reaches the database later, and its batch is applied until it
+    commits: an ACK whose account was deleted meanwhile is left out, and the others of its
+    batch are recorded. Both ways: the account's lookup fails, or (a snapshot still cached
+    in a process that has not heard of the deletion) the upsert finds no account."""
+    from ual import resolution
+
+    bob, gone = make_account("bob"), make_account("gone")
+    topic = Topic.objects.create(path="/moot")
+    first, second = (Message.objects.create(topic=topic, cmuid=f"m{i}", created=timezone.now())
+                     for i in range(2))
+    for message in (first, second):
+        Delivery.objects.create(account=bob, message=message)
+        Delivery.objects.create(account=gone, message=message)
+    stale = resolution.snapshot_for_id(gone.pk)
+    gone_id = gone.pk
+    gone.delete()
+    resolution.invalidate_local()
+
+    def acks(message):
+        return [message_service.AckRequest(gone_id, message.pk, 1, False),
+                message_service.AckRequest(bob.pk, message.pk, 1, False)]
+
+    assert message_service.ack_batch(acks(first)) == []
+    real = message_service.snapshot_for_id
+    monkeypatch.setattr(message_service, "snapshot_for_id",
+                        lambda account_id: stale if account_id == gone_id else real(account_id))
+    assert message_service.ack_batch(acks(second)) == []
+    assert sorted(Delivery.objects.values_list("message_id", "account_id", "state")) == [
+        (first.pk, bob.pk, "acked"), (second.pk, bob.pk, "acked")]
+
+
 def test_an_ack_that_owes_no_receipt_looks_for_none():
     """The session says when a message cannot want a receipt (its stored header); the ACK
     then reads no first-ACK rows back and runs no receipt query (one used to run for every

@@ -8,6 +8,7 @@ one transaction serves many messages.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from django.db.models import Count, F, Q, Sum, Value, Window
 from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
+from accounts.models import Account
 from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
 from broker.smqp import message as codec
 from broker.smqp.values import (
@@ -471,6 +473,14 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     for the caller to offer once this has returned (committed). Plain SQL, a handful of
     statements per batch; on PostgreSQL one round trip when no message of the batch asks
     for a receipt, else two: this runs once per NOTIFY round trip."""
+    # An ACK recorded in a listener's journal reaches this later, and is applied until it
+    # commits: one of an account deleted since (its deliveries went with it) is moot, and
+    # must not fail its batch again and again.
+    names: dict[int, str] = {}
+    for account_id in {ack.account_id for ack in acks}:
+        with contextlib.suppress(Account.DoesNotExist):
+            names[account_id] = snapshot_for_id(account_id).account.username
+    acks = [ack for ack in acks if ack.account_id in names]
     if not acks:
         return []
     now = timezone.now()
@@ -480,18 +490,21 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     table = Delivery._meta.db_table
     # One statement per ACK: the delivery row becomes ACKed, or is created ACKed (a
     # subscriber that arrived later got the message from the backlog, with no row yet). A
-    # row ACKed before stays as it is and is not returned: only first ACKs come back.
+    # row ACKed before stays as it is and is not returned: only first ACKs come back. An
+    # account deleted after its snapshot was cached gets no row (see above).
     upsert = (f"INSERT INTO {table} AS d (account_id, message_id, state, attempts, created, "
               f"last_attempt, next_attempt, acked) SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, "
-              f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} "
+              f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} AND EXISTS "
+              f"(SELECT 1 FROM {Account._meta.db_table} WHERE id = {ph}) "
               f"ON CONFLICT (account_id, message_id) DO UPDATE SET state = excluded.state, "
               f"acked = excluded.acked, last_attempt = excluded.last_attempt "
               f"WHERE d.state <> excluded.state")
-    params = [(ack.account_id, acked, ack.attempts, at, at, at, ack.smuid) for ack in acks]
+    params = [(ack.account_id, acked, ack.attempts, at, at, at, ack.smuid, ack.account_id)
+              for ack in acks]
     smuids = sorted({ack.smuid for ack in acks})
     kind = UsageEvent.Kind.ACK.value
-    events = _event_rows([(kind, snapshot_for_id(a.account_id).account.username, "", a.smuid,
-                           0, "", {}) for a in acks], now)
+    events = _event_rows([(kind, names[a.account_id], "", a.smuid, 0, "", {}) for a in acks],
+                         now)
     relaxed = settings.SMQP_ACK_DURABILITY != "full"
     receipts = any(ack.receipt for ack in acks)
     if vendor() == "postgresql" and not receipts:
@@ -503,7 +516,8 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     woken: list[Published] = []
     with hot_transaction(relaxed=relaxed):
         if receipts:
-            firsts = [(p[-1], query(upsert + " RETURNING message_id", p)) for p in params]
+            firsts = [(ack.smuid, query(upsert + " RETURNING message_id", p))
+                      for ack, p in zip(acks, params, strict=True)]
         else:
             with raw_cursor() as cursor:
                 cursor.executemany(upsert, params)
