@@ -8,6 +8,10 @@ sessions answer ``200`` / ``310 ACK``. The commits run in storage processes
 (:func:`broker.dbthread.acks_apart`). After each commit it offers the
 new messages to the subscribed sessions of this process directly, and to other processes
 through the Channels layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
+
+ACKs are recorded in the listener's ACK journal (:mod:`broker.journal`) before ``310 ACK``
+goes out, and reach the database in the ACK batches behind it (``SMQP_ACK_JOURNAL=0``: the
+``310 ACK`` waits for the batch's commit instead).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import marshal
+import math
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -25,7 +30,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from broker import dbthread
+from broker import dbthread, journal
 from broker.services import ServiceError
 from broker.services import messages as message_service
 from broker.services.messages import AckRequest, Published, PublishRequest
@@ -56,6 +61,12 @@ WAKE_GATHER_SECONDS = 0.005
 # How long a login waits for its process to have joined the dispatch group (Redis slow or
 # down: the login goes on, and the backlog sweep covers what a missed wake-up delays).
 JOIN_WAIT_SECONDS = 1.0
+# An ACK batch that failed to reach the database is tried again after this long (doubling
+# up to ACK_RETRY_MAX): its ACKs are in the journal, and a restart would apply them too.
+ACK_RETRY_SECONDS = 0.05
+ACK_RETRY_MAX = 2.0
+# Longest a backlog read waits for the journaled ACKs to reach the database (caught_up()).
+CATCH_UP_SECONDS = 5.0
 
 
 class Session(Protocol):
@@ -72,7 +83,20 @@ class Dispatcher:
         self.origin = uuid.uuid4().hex
         self.sessions: dict[int, set[Session]] = defaultdict(set)
         self._publishes: list[tuple[PublishRequest, asyncio.Future]] = []
-        self._acks: list[tuple[AckRequest, asyncio.Future]] = []
+        # ACKs for the next batch, each with the future its session awaits (None: journaled).
+        self._acks: list[tuple[AckRequest, asyncio.Future | None]] = []
+        self.journal = journal.AckJournal(journal.directory()) if settings.SMQP_ACK_JOURNAL \
+            else None
+        # (account, smuid) of journaled ACKs → the number of the ACK batch that brought them
+        # to the database (inf until then); see backlog().
+        self.acked: dict[tuple[int, int], float] = {}
+        self._batches_applied = 0
+        self._applied_keys: deque[tuple[int, list[tuple[int, int]]]] = deque()
+        self._reads: Counter[int] = Counter()  # backlog queries running, by their start mark
+        self._sync_waiters: list[asyncio.Future] = []
+        self._syncer: asyncio.Task | None = None
+        # caught_up() callers: (journal records that must be applied, future).
+        self._apply_waiters: list[tuple[int, asyncio.Future]] = []
         self._publish_work = asyncio.Event()
         self._ack_work = asyncio.Event()
         self._cache: OrderedDict[int, bytes] = OrderedDict()
@@ -121,13 +145,60 @@ class Dispatcher:
         return future
 
     async def ack(self, request: AckRequest) -> None:
-        future = asyncio.get_running_loop().create_future()
-        self._acks.append((request, future))
+        """Record an ACK; returns once it is recorded, so that ``310 ACK`` may go: appended
+        to the journal (and flushed, with ``SMQP_ACK_DURABILITY=full``), the database
+        following in the next ACK batch; without a journal, once that batch committed."""
+        if self.journal is None:
+            future = asyncio.get_running_loop().create_future()
+            self._acks.append((request, future))
+            self._ack_work.set()
+            await future
+            return
+        try:
+            self.journal.append([(request.account_id, request.smuid, request.attempts,
+                                  request.receipt)])
+        except OSError as exc:
+            logger.exception("writing the ACK journal failed")
+            raise ServiceError(500, "Server error (ACK not recorded)") from exc
+        self.acked[(request.account_id, request.smuid)] = math.inf
+        self._acks.append((request, None))
         self._ack_work.set()
+        if settings.SMQP_ACK_DURABILITY == "full":
+            await self._synced()
+
+    async def _synced(self) -> None:
+        """Returns once the journal is on disk up to here: one fdatasync (on a thread)
+        serves every ACK appended before it started."""
+        future = asyncio.get_running_loop().create_future()
+        self._sync_waiters.append(future)
+        if self._syncer is None or self._syncer.done():
+            self._syncer = asyncio.ensure_future(self._sync_loop())
         await future
+
+    async def _sync_loop(self) -> None:
+        assert self.journal is not None
+        loop = asyncio.get_running_loop()
+        while self._sync_waiters:
+            waiters, self._sync_waiters = self._sync_waiters, []
+            try:
+                await loop.run_in_executor(None, self.journal.flusher())
+            except OSError:
+                logger.exception("flushing the ACK journal failed")
+                outcome: BaseException | None = ServiceError(
+                    500, "Server error (the ACK may have been recorded)")
+            else:
+                outcome = None
+            for waiter in waiters:
+                if waiter.done():
+                    continue
+                if outcome is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(outcome)
 
     async def _ack_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        failures = 0
         while True:
             await self._ack_work.wait()
             self._ack_work.clear()
@@ -135,7 +206,13 @@ class Dispatcher:
                 self._last_ack = loop.time()
                 acks = self._acks[:MAX_BATCH]
                 del self._acks[:MAX_BATCH]
-                await self._commit_acks(acks)
+                if await self._commit_acks(acks) or self.journal is None:
+                    failures = 0
+                    continue
+                # Journaled ACKs are not given up: they go again, first and in order.
+                self._acks[:0] = acks
+                failures += 1
+                await asyncio.sleep(min(ACK_RETRY_MAX, ACK_RETRY_SECONDS * 2 ** failures))
 
     async def _publish_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -190,7 +267,9 @@ class Dispatcher:
                     future.set_result(result)
         self.wake(published)
 
-    async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future]]) -> None:
+    async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future | None]]) -> bool:
+        """Commit a batch of ACKs; False when it failed (nothing of it committed, or, the
+        storage process lost, maybe all of it)."""
         try:
             receipts = await self.storage.ack_batch([r for r, _ in batch])
         except Exception as exc:
@@ -198,13 +277,76 @@ class Dispatcher:
             text = ("Server error (storage process lost; the ACK may have been recorded)"
                     if isinstance(exc, StorageLost) else "Server error (ACK not recorded)")
             for _, future in batch:
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_exception(ServiceError(500, text))
-            return
+            return False
         for _, future in batch:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_result(None)
+        if self.journal is not None:
+            self.journal.applied(len(batch))
+            self._release_caught_up(self.journal.done)
+            self._batches_applied += 1
+            keys = [(r.account_id, r.smuid) for r, _ in batch]
+            for key in keys:
+                self.acked[key] = self._batches_applied
+            self._applied_keys.append((self._batches_applied, keys))
+            self._forget_applied()
         self.wake(receipts)
+        return True
+
+    async def caught_up(self) -> None:
+        """Returns once every ACK journaled until now is in the database. A session reads
+        its next backlog page after this: the store returns the first waiting messages in
+        order, and the ACKs of the page just sent must not still be missing there (the page
+        would come back ACKed, and no further)."""
+        if self.journal is None or not self.journal.pending:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._apply_waiters.append((self.journal.written, future))
+        # The database may be down (the batches are retried): read anyway after a while;
+        # backlog() still leaves out what is journaled.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(future, CATCH_UP_SECONDS)
+
+    def _release_caught_up(self, done: int) -> None:
+        waiting = []
+        for target, future in self._apply_waiters:
+            if target > done:
+                waiting.append((target, future))
+            elif not future.done():
+                future.set_result(None)
+        self._apply_waiters = waiting
+
+    def _forget_applied(self) -> None:
+        """Drop the ACKs that every backlog query still running was started after."""
+        floor = min(self._reads) if self._reads else self._batches_applied
+        while self._applied_keys and self._applied_keys[0][0] <= floor:
+            number, keys = self._applied_keys.popleft()
+            for key in keys:
+                if self.acked.get(key) == number:
+                    del self.acked[key]
+
+    async def backlog(self, account_ids: list[int]) -> tuple[list[tuple[int, int, int]], bool]:
+        """(account, priority, smuid) of what the store holds for these accounts (each
+        account's first page, :func:`~broker.services.messages.backlog_for`), and whether a
+        page was full. Left out: messages whose ACK is in the journal and may not have
+        reached the database when the query read it (its batch committed after the query
+        began); they are ACKed, never to be offered again."""
+        mark = self._batches_applied
+        self._reads[mark] += 1
+        try:
+            rows = await dbthread.run(message_service.backlog_for, account_ids)
+        finally:
+            self._reads[mark] -= 1
+            if not self._reads[mark]:
+                del self._reads[mark]
+        full = len(rows) >= settings.SMQP_BACKLOG_PAGE
+        if self.acked:
+            acked = self.acked
+            rows = [row for row in rows if acked.get((row[0], row[2]), 0) <= mark]
+            self._forget_applied()
+        return rows, full
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -296,7 +438,7 @@ class Dispatcher:
             if not idle:
                 continue
             try:
-                rows = await dbthread.run(message_service.backlog_for, list(idle))
+                rows, _ = await self.backlog(list(idle))
             except Exception:
                 logger.exception("backlog sweep failed; trying again next period")
                 continue
@@ -355,12 +497,22 @@ class Dispatcher:
         """The account's maximum retries are spent for this message."""
         await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
 
+    async def drain(self, timeout: float) -> None:
+        """Give the journaled ACKs up to ``timeout`` seconds to reach the database (at a
+        clean shutdown: the journal is then deleted, not recovered at the next start)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.journal is not None and self.journal.pending and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
     def close(self) -> None:
         for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
-                     *self._committing):
+                     self._syncer, *self._committing):
             if task is not None:
                 task.cancel()
         self.storage.close()
+        if self.journal is not None:
+            self.journal.close()
 
 
 def _batch_size(queued: list[tuple[PublishRequest, asyncio.Future]], most: int) -> int:
@@ -411,6 +563,26 @@ def get_dispatcher() -> Dispatcher:
     if dispatcher is None:
         dispatcher = _dispatchers[loop] = Dispatcher()
     return dispatcher
+
+
+async def shutdown(timeout: float) -> None:
+    """At the listener's end: journaled ACKs reach the database (up to ``timeout``), then
+    every dispatcher of this process stops."""
+    for dispatcher in list(_dispatchers.values()):
+        await dispatcher.drain(timeout)
+        dispatcher.close()
+    _dispatchers.clear()
+
+
+def recover_journals() -> int:
+    """Apply the ACK journals of listeners that are gone (:func:`broker.journal.recover`)
+    and offer the receipts that sends; the listener calls this before it serves, Celery beat
+    periodically. Returns how many ACKs were applied."""
+
+    def apply(records: list[tuple[int, int, int, bool]]) -> None:
+        wake_from_sync(message_service.ack_batch([AckRequest(*r) for r in records]))
+
+    return journal.recover(journal.directory(), apply)
 
 
 def wake_from_sync(published: list[Published]) -> None:

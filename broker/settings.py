@@ -123,6 +123,10 @@ SMQP_SQLITE_SYNCHRONOUS = os.environ.get("SMQP_SQLITE_SYNCHRONOUS", "FULL").uppe
 # listener (kill -9) loses nothing, a power loss may deliver an ACKed message once more
 # (never loses one: publishes are always flushed). "full" flushes every ACK as well.
 SMQP_ACK_DURABILITY = os.environ.get("SMQP_ACK_DURABILITY", "relaxed").lower()
+# ACKs are appended to the listener's ACK journal (broker/journal.py) and 310 ACK goes at
+# once; the database follows in batches (durable as above: "full" flushes the journal).
+# Off: 310 ACK waits for the ACK's database commit.
+SMQP_ACK_JOURNAL = env_bool("SMQP_ACK_JOURNAL", True)
 # The listener's group commits (publishes, ACKs) run in storage processes of their own
 # (broker/storage.py), so they use another core than its event loop. Off: on its threads.
 SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
@@ -209,6 +213,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "requeue-queue-deliveries": {
         "task": "broker.requeue_queue_deliveries",
         "schedule": env_int("SMQP_REQUEUE_SWEEP_SECONDS", 5),
+    },
+    "recover-ack-journals": {
+        "task": "broker.recover_ack_journals",
+        "schedule": env_int("SMQP_JOURNAL_SWEEP_SECONDS", 30),
     },
     "finalize-topic-removals": {
         "task": "broker.finalize_topic_removals",

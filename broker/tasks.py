@@ -31,6 +31,14 @@ def finalize_topic_removals() -> int:
     return topic_service.finalize_removal()
 
 
+@shared_task(name="broker.recover_ack_journals")
+def recover_ack_journals() -> int:
+    """ACK journals of listeners that are gone (and have not restarted) reach the database."""
+    from broker.delivery import recover_journals
+
+    return recover_journals()
+
+
 @shared_task(name="broker.expire_messages")
 def expire_messages() -> int:
     """Messages whose timeout ran out go to Trash."""

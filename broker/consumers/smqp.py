@@ -574,9 +574,10 @@ class SMQPConsumer(AsyncConsumer):
 
     async def _read_backlog(self) -> None:
         """Offer what the store holds for the account, a page at a time (in order)."""
-        rows = await self._call(message_service.backlog, self.account_id)
-        self._horizon = rows[-1] if len(rows) >= settings.SMQP_BACKLOG_PAGE else None
-        for priority, smuid in rows:
+        await self.dispatcher.caught_up()  # what was ACKed until now is in the store
+        rows, full = await self.dispatcher.backlog([self.account_id])
+        self._horizon = rows[-1][1:] if full and rows else None
+        for _, priority, smuid in rows:
             self.offer(priority, smuid)
 
     def offer(self, priority: int, smuid: int) -> None:
@@ -725,11 +726,18 @@ class SMQPConsumer(AsyncConsumer):
                 text = line.strip().upper()
                 if not text:
                     continue
-                if text == b"310 ACK" and await self._record_ack():
-                    writer.write(b"310 ACK\r\n")
-                    self._kick()
-                elif text == b"310 ACK":
-                    writer.write(b"400 Bad request (no message is waiting for 310 ACK)\r\n")
+                if text == b"310 ACK":
+                    try:
+                        recorded = await self._record_ack()
+                    except ServiceError as exc:
+                        writer.write(f"{exc.code} {exc.text}\r\n".encode())
+                    else:
+                        if recorded:
+                            writer.write(b"310 ACK\r\n")
+                            self._kick()
+                        else:
+                            writer.write(
+                                b"400 Bad request (no message is waiting for 310 ACK)\r\n")
                 else:
                     writer.write(b"400 Bad request (only 310 ACK is read on this connection)\r\n")
                 await writer.drain()

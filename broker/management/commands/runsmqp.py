@@ -35,6 +35,17 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, host: str, port: int, reuse_port: bool, grace: float, **options):
+        from django.db import connection
+
+        from broker.delivery import recover_journals
+
+        # ACKs a listener that is gone had journaled reach the database before any session
+        # here reads a backlog (which would offer those messages again).
+        recovered = recover_journals()
+        if recovered:
+            self.stdout.write(f"Recovered {recovered} ACK(s) from the journals of stopped "
+                              f"listeners")
+        connection.close()
         try:
             asyncio.run(self._serve(host, port, reuse_port, grace))
         except PermissionError as exc:
@@ -44,6 +55,7 @@ class Command(BaseCommand):
 
     async def _serve(self, host: str, port: int, reuse_port: bool, grace: float) -> None:
         from broker.asgi import application
+        from broker.delivery import shutdown as shutdown_dispatchers
         from broker.heap import freeze_startup
         from broker.server import SMQPServer
 
@@ -61,3 +73,4 @@ class Command(BaseCommand):
         self.stdout.write(f"SMQP shutting down ({grace:g} s grace)")
         sys.stdout.flush()
         await server.shutdown(grace)
+        await shutdown_dispatchers(timeout=5.0)
