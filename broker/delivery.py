@@ -296,10 +296,11 @@ class Dispatcher:
         return True
 
     async def caught_up(self) -> None:
-        """Returns once every ACK journaled until now is in the database. A session reads
-        its next backlog page after this: the store returns the first waiting messages in
-        order, and the ACKs of the page just sent must not still be missing there (the page
-        would come back ACKed, and no further)."""
+        """Returns once every ACK journaled until now is in the database (at most
+        :data:`CATCH_UP_SECONDS`). A session reads its backlog after this: the store
+        returns the first page of waiting messages, and ACKs still missing there would fill
+        that page with messages :meth:`backlog` leaves out (a session that just sent a
+        page would read it again, and get no further)."""
         if self.journal is None or not self.journal.pending:
             return
         future = asyncio.get_running_loop().create_future()
