@@ -112,13 +112,19 @@ class AckJournal:
         self._current = _create(folder)
 
     def append(self, records: list[tuple[int, int, int, bool]]) -> None:
-        """Write records (raises OSError, e.g. a full disk: then nothing counts as
-        recorded; a torn record is dropped at recovery)."""
+        """Write records (raises OSError, e.g. a full disk: then none of them counts as
+        recorded, and the segment is cut back to its last whole record, so that the records
+        appended after them stay aligned)."""
         data = pack(records)
         segment = self._current
         view = memoryview(data)
-        while view:
-            view = view[os.write(segment.fd, view):]
+        try:
+            while view:
+                view = view[os.write(segment.fd, view):]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(segment.fd, segment.size)
+            raise
         segment.size += len(data)
         self.written += len(records)
         segment.end = self.written

@@ -56,6 +56,28 @@ def test_a_torn_last_record_is_dropped(tmp_path):
     assert applied == RECORDS[:3]
 
 
+def test_a_write_that_fails_midway_leaves_no_torn_record_behind(tmp_path, monkeypatch):
+    """A full disk after part of a record: that append raises (no 310 ACK), and the
+    segment is cut back, so the records appended after it are read back whole."""
+    live = AckJournal(tmp_path)
+    live.append(RECORDS[:2])
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        monkeypatch.setattr(os, "write", real_write)  # the disk fills up after this
+        real_write(fd, bytes(data[:RECORD.size // 2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError):
+        live.append(RECORDS[2:3])
+    live.append(RECORDS[3:5])
+    live.close()
+    applied: list = []
+    assert recover(tmp_path, applied.extend) == 4
+    assert applied == RECORDS[:2] + RECORDS[3:5]
+
+
 def test_a_failed_recovery_keeps_the_segment(tmp_path):
     dead = AckJournal(tmp_path)
     dead.append(RECORDS[:5])
