@@ -295,9 +295,9 @@ class Dispatcher:
         self.wake(receipts)
         return True
 
-    async def caught_up(self) -> None:
+    async def caught_up(self, timeout: float = CATCH_UP_SECONDS) -> None:
         """Returns once every ACK journaled until now is in the database (at most
-        :data:`CATCH_UP_SECONDS`). A session reads its backlog after this: the store
+        ``timeout`` seconds). A session reads its backlog after this: the store
         returns the first page of waiting messages, and ACKs still missing there would fill
         that page with messages :meth:`backlog` leaves out (a session that just sent a
         page would read it again, and get no further)."""
@@ -308,7 +308,7 @@ class Dispatcher:
         # The database may be down (the batches are retried): read anyway after a while;
         # backlog() still leaves out what is journaled.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(future, CATCH_UP_SECONDS)
+            await asyncio.wait_for(future, timeout)
 
     def _release_caught_up(self, done: int) -> None:
         waiting = []
@@ -498,14 +498,6 @@ class Dispatcher:
         """The account's maximum retries are spent for this message."""
         await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
 
-    async def drain(self, timeout: float) -> None:
-        """Give the journaled ACKs up to ``timeout`` seconds to reach the database (at a
-        clean shutdown: the journal is then deleted, not recovered at the next start)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.journal is not None and self.journal.pending and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-
     def close(self) -> None:
         for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
                      self._syncer, *self._committing):
@@ -570,7 +562,9 @@ async def shutdown(timeout: float) -> None:
     """At the listener's end: journaled ACKs reach the database (up to ``timeout``), then
     every dispatcher of this process stops."""
     for dispatcher in list(_dispatchers.values()):
-        await dispatcher.drain(timeout)
+        # Its sessions are closed: nothing is journaled any more. What did not reach the
+        # database by then stays in the journal, for the next start to apply.
+        await dispatcher.caught_up(timeout)
         dispatcher.close()
     _dispatchers.clear()
 
