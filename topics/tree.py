@@ -67,6 +67,8 @@ class TopicTree:
                 if node.link is not None:
                     node.link.virtual_ids.append(node.pk)
         self.sorted_keys = sorted(self.by_key)
+        # effective(), per topic: the tree never changes (a change builds a new one).
+        self._effective: dict[int, tuple[object, dict[str, int | None]]] = {}
 
     def find(self, key: str) -> Node | None:
         return self.by_key.get(key)
@@ -85,8 +87,14 @@ class TopicTree:
         return out
 
     def effective(self, node: Node) -> dict[str, int | None]:
-        """Queue parameters: the topic's own, else the nearest ancestor's, else the server's."""
-        result = dict(settings.SMQP_QUEUE_DEFAULTS)
+        """Queue parameters: the topic's own, else the nearest ancestor's, else the server's.
+        Computed once per topic (a publish asks for every message): read it, never change
+        it."""
+        defaults = settings.SMQP_QUEUE_DEFAULTS
+        known = self._effective.get(node.pk)
+        if known is not None and known[0] is defaults:
+            return known[1]
+        result = dict(defaults)
         chain = []
         current: Node | None = node
         while current is not None:
@@ -97,6 +105,7 @@ class TopicTree:
                 if n.params.get(name) is not None:
                     result[name] = n.params[name]
                     break
+        self._effective[node.pk] = (defaults, result)
         return result
 
 

@@ -236,11 +236,21 @@ def _store(rows: list[_NewMessage], now: datetime,
            reserved: Callable[[], list[int]] | None = None) -> None:
     """INSERT the messages and their data sections; sets each row's ``pk`` (its smuid).
     ``reserved``: their keys, asked for already (:meth:`.rows.Table.reserve_pks`)."""
-    received = db_datetime(now)
     pending = Message.State.PENDING.value
+    # Most rows share their datetimes (the batch's ``now``, the expiry a topic's timeout
+    # gives): each is converted once.
+    converted: dict[datetime | None, object] = {None: None, now: db_datetime(now)}
+
+    def when(value: datetime | None) -> object:
+        found = converted.get(value, converted)
+        if found is converted:
+            found = converted[value] = db_datetime(value)
+        return found
+
+    received = converted[now]
     pks = _MESSAGES.insert_returning_pks([
         (r.topic_id, r.publisher_id, r.publisher_guid, r.cmuid, r.name, r.priority,
-         db_datetime(r.created), received, r.timeout, db_datetime(r.expires), r.depth,
+         when(r.created), received, r.timeout, when(r.expires), r.depth,
          r.sequence, r.receipt, r.reply, r.in_reply_to_id, db_json(r.headers), r.size,
          pending, None)
         for r in rows], reserved)
@@ -250,8 +260,24 @@ def _store(rows: list[_NewMessage], now: datetime,
         for i, s in enumerate(row.sections):
             sections.append((pk, i, (s.content_type or "")[:255], len(s.body),
                              (s.get("Content-Encoding") or "")[:255],
-                             db_json([list(h) for h in s.headers]), s.body))
+                             _headers_json(s.headers), s.body))
     _SECTIONS.insert(sections)
+
+
+#: A data header as stored (JSON text) → reused: a publisher's sections mostly carry the
+#: same few data headers (``Content-Type: ...``). Bounded: the values are the client's.
+_HEADERS_JSON: dict[tuple[tuple[str, str], ...], str] = {}
+_HEADERS_JSON_MAX = 1024
+
+
+def _headers_json(headers: list[tuple[str, str]]) -> str:
+    key = tuple(map(tuple, headers))
+    text = _HEADERS_JSON.get(key)  # type: ignore[arg-type]
+    if text is None:
+        text = db_json([list(h) for h in headers])
+        if len(_HEADERS_JSON) < _HEADERS_JSON_MAX and len(text) <= 256:
+            _HEADERS_JSON[key] = text  # type: ignore[index]
+    return text
 
 
 def _insert_deliveries(pairs: list[tuple[int, int]], now: datetime) -> None:
@@ -272,7 +298,8 @@ def _log_events(events: list[Event], now: datetime) -> None:
 def _event_rows(events: list[Event], now: datetime) -> list[tuple]:
     """The rows of :func:`_log_events` (for :data:`_EVENTS`)."""
     at = db_datetime(now)
-    return [(at, kind, account, topic, smuid, size, peer, db_json(detail))
+    return [(at, kind, account, topic, smuid, size, peer,
+             db_json(detail) if detail else "{}")
             for kind, account, topic, smuid, size, peer, detail in events]
 
 

@@ -326,10 +326,11 @@ class Table:
             pks = (reserved or self.reserve_pks(len(rows)))()  # type: ignore[misc]
             self._insert([(pk, *row) for pk, row in zip(pks, rows, strict=True)], True)
             return pks
-        sql = self._insert_sql(False)
-        pks = []
+        # SQLite: one executemany. The key is AUTOINCREMENT (each new row gets one more than
+        # the largest the table ever had), and from its first INSERT this transaction holds
+        # the database's write lock: the rows got the keys up to the last one, in order.
         with raw_cursor() as cursor:
-            for row in rows:
-                cursor.execute(sql, row)
-                pks.append(cursor.lastrowid)
-        return pks
+            cursor.executemany(self._insert_sql(False), rows)
+            cursor.execute("SELECT last_insert_rowid()")
+            last = cursor.fetchone()[0]
+        return list(range(last - len(rows) + 1, last + 1))

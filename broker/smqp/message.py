@@ -75,11 +75,27 @@ def parse_header_line(line: str) -> tuple[str, str]:
     return CANONICAL_NAMES.get(name.lower(), name), line[i + 1 :].strip(" \t")
 
 
+#: A header name → its canonical spelling, lower-cased (``Pri`` and ``priority`` →
+#: ``priority``): what :func:`_lookup` compares. Names seen are remembered, up to a bound
+#: (X- names are the client's to choose).
+_FOLDED: dict[str, str] = {}
+_FOLDED_MAX = 4096
+
+
+def _folded(name: str) -> str:
+    folded = _FOLDED.get(name)
+    if folded is None:
+        low = name.lower()
+        folded = CANONICAL_NAMES.get(low, low).lower()
+        if len(_FOLDED) < _FOLDED_MAX:
+            _FOLDED[name] = folded
+    return folded
+
+
 def _lookup(headers: list[tuple[str, str]], name: str) -> str | None:
-    lname = canonical_name(name).lower()
+    want = _folded(name)
     for k, v in headers:
-        low = k.lower()
-        if low == lname or CANONICAL_NAMES.get(low, "").lower() == lname:
+        if _folded(k) == want:
             return v
     return None
 
