@@ -48,6 +48,9 @@ MAX_BATCH = 2000
 # arrives meanwhile waits for one such slice at most); with no ACK for a second, MAX_BATCH.
 PUBLISH_SLICE = 64
 ACKING_SECONDS = 1.0
+# Publishes that make a batch worth sending while two are on their way already (see
+# Dispatcher._publish_loop).
+EXTRA_BATCH_MIN = 32
 # Bytes of message data committed at once at most (one message may be larger): a batch is
 # held in memory once more on its way to the storage process.
 MAX_BATCH_BYTES = 64 * 1024 * 1024
@@ -217,15 +220,23 @@ class Dispatcher:
     async def _publish_loop(self) -> None:
         loop = asyncio.get_running_loop()
         apart = dbthread.acks_apart()
-        # Batches on their way at once: two where the storage process flushes its WAL behind
-        # the next transaction (one batch is written while the one before is flushed),
-        # else one; either way they commit, and are answered, in the order sent.
-        slots = asyncio.Semaphore(self.storage.publishes_in_flight)
+        # Batches on their way at once: up to publishes_in_flight where the storage process
+        # flushes the WAL itself (SQLite), else one; either way they commit in the order
+        # sent. Beyond two, only a batch of EXTRA_BATCH_MIN
+        # publishes or more goes: a few publishes wait, and grow into one batch (each batch
+        # costs the storage process a transaction), unless the storage would idle meanwhile.
+        limit = self.storage.publishes_in_flight
+        in_flight = 0
+
+        def done(_: asyncio.Future) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            self._publish_work.set()
+
         while True:
             await self._publish_work.wait()
             self._publish_work.clear()
-            while self._publishes:
-                await slots.acquire()
+            while self._publishes and _may_send(in_flight, limit, len(self._publishes)):
                 # An ACK holds a subscriber's next NOTIFY back. Where ACKs share the database
                 # thread, publishes go in slices while subscribers ACK, so an ACK queued
                 # behind one waits for one slice at most.
@@ -233,10 +244,11 @@ class Dispatcher:
                 size = _batch_size(self._publishes, PUBLISH_SLICE if acking else MAX_BATCH)
                 publishes = self._publishes[:size]
                 del self._publishes[:size]
+                in_flight += 1
                 commit = asyncio.ensure_future(self._commit_publishes(publishes))
                 self._committing.add(commit)
                 commit.add_done_callback(self._committing.discard)
-                commit.add_done_callback(lambda _: slots.release())
+                commit.add_done_callback(done)
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
         try:
@@ -539,6 +551,13 @@ def _unpack(entry: bytes) -> tuple[str, str, Message]:
 def _entry_size(entry: bytes) -> int:
     """Bytes a cache entry counts for: its own, and 512 for the rest."""
     return len(entry) + 512
+
+
+def _may_send(in_flight: int, limit: int, queued: int) -> bool:
+    """May a publish batch of the ``queued`` publishes go, with ``in_flight`` on their way
+    and room for ``limit``? Up to two always; more only when they make a batch worth its
+    transaction (EXTRA_BATCH_MIN)."""
+    return in_flight < min(limit, 2) or (in_flight < limit and queued >= EXTRA_BATCH_MIN)
 
 
 def _log_failure(task: asyncio.Task) -> None:

@@ -50,9 +50,18 @@ logger = logging.getLogger("broker.storage")
 _LENGTH = struct.Struct("!Q")
 #: Least time between two starts of one lane's process.
 RESTART_SECONDS = 1.0
+#: Publish batches on their way to a storage process that flushes the WAL itself (SQLite):
+#: it finds the next one queued when it has answered one, instead of idling until the
+#: listener sends it (see :meth:`broker.delivery.Dispatcher._publish_loop` for when more
+#: than two go).
+PUBLISHES_IN_FLIGHT = 4
 #: Longest an answer waits for the WAL flush while further calls keep coming (see
 #: :func:`serve`).
 FLUSH_WITHIN = 0.002
+#: A call at least this large (its frame, in bytes: a publish batch of some 50 small
+#: messages) takes long enough to commit that the answers owed are flushed and sent
+#: before it rather than after (see :func:`serve`).
+LONG_CALL_BYTES = 32 * 1024
 
 
 def take_frame(buffer: bytearray) -> bytes | None:
@@ -200,10 +209,11 @@ class Storage:
         self._publish = Lane("publish", database)
         self._ack = Lane("ack", database) if dbthread.acks_apart() else self._publish
         self._lanes = tuple(dict.fromkeys((self._publish, self._ack)))
-        #: Publish batches the dispatcher may have on their way at once: two where the
-        #: storage process flushes the WAL itself (:func:`flush_behind`), so that the next
-        #: batch is written while one is flushed.
-        self.publishes_in_flight = 2 if self.apart and _flushes_behind(connection) else 1
+        #: Publish batches the dispatcher may have on their way at once: several where the
+        #: storage process flushes the WAL itself (:func:`flush_behind`), one where the
+        #: commit waits for the disk.
+        self.publishes_in_flight = PUBLISHES_IN_FLIGHT \
+            if self.apart and _flushes_behind(connection) else 1
 
     def start(self) -> None:
         """Start the processes now (they take a moment to load Django): the first
@@ -351,6 +361,18 @@ class _Inbox:
         self._sock = sock
         self._buffer = bytearray()
 
+    def next_size(self) -> int | None:
+        """The size of the next frame, once its length has come (without waiting)."""
+        if len(self._buffer) < _LENGTH.size:
+            try:
+                data = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            self._buffer += data
+            if len(self._buffer) < _LENGTH.size:
+                return None
+        return _LENGTH.unpack_from(self._buffer)[0]
+
     def get(self, *, wait: bool) -> bytes | None:
         """The next frame; None when ``wait`` is false and no whole frame has come yet.
         Raises EOFError when the socket closed."""
@@ -370,9 +392,11 @@ def serve(fd: int, database: str) -> None:
 
     With a WAL to flush (:func:`flush_behind`), the answers of durable calls wait in
     ``owed`` while more calls are already waiting (at most :data:`FLUSH_WITHIN` seconds):
-    those commit first, then one flush covers them all, and the answers go. An answer
-    that needs no flush (a failed call, a relaxed ACK) goes at once, before them: the
-    listener matches answers to calls by their numbers."""
+    those commit first, then one flush covers them all, and the answers go. Not a long call
+    (:data:`LONG_CALL_BYTES`, a large publish batch): the answers owed are flushed and sent
+    before it, so that they do not wait for its commit, and the listener sends the next
+    batch meanwhile. An answer that needs no flush (a failed call, a relaxed ACK) goes at
+    once, before them: the listener matches answers to calls by their numbers."""
     from django.db import connection
 
     from broker.dbthread import call_here
@@ -386,14 +410,15 @@ def serve(fd: int, database: str) -> None:
     seen: list[int | None] = [None, None]
     try:
         while True:
-            if owed and time.monotonic() - owed_since >= FLUSH_WITHIN:
+            if owed and (time.monotonic() - owed_since >= FLUSH_WITHIN
+                         or (inbox.next_size() or 0) >= LONG_CALL_BYTES):
                 frame = None
             else:
                 try:
                     frame = inbox.get(wait=not owed)
                 except EOFError:
                     return
-            if frame is None:  # nothing more queued: flush, then answer
+            if frame is None:  # nothing more queued, or a long call: flush, then answer
                 assert wal is not None
                 _flush(wal)
                 sock.sendall(b"".join(owed))

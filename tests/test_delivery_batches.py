@@ -30,3 +30,17 @@ def test_the_count_limit_still_holds(monkeypatch):
     assert delivery._batch_size(queued(*[10] * 50), 8) == 8
     assert delivery._batch_size(queued(10, 10), 8) == 2
     assert delivery._batch_size([], 8) == 0
+
+
+def test_two_batches_go_at_once_and_more_only_when_large(monkeypatch):
+    monkeypatch.setattr(delivery, "EXTRA_BATCH_MIN", 32)
+    # Up to two: whatever is queued.
+    assert delivery._may_send(0, 4, 1) and delivery._may_send(1, 4, 1)
+    # A third and fourth: only a batch of 32 or more (a few publishes wait and grow).
+    assert not delivery._may_send(2, 4, 31)
+    assert delivery._may_send(2, 4, 32) and delivery._may_send(3, 4, 500)
+    # Never beyond the limit.
+    assert not delivery._may_send(4, 4, 500)
+    # Where commits wait for the disk (PostgreSQL): one at a time, however many are queued.
+    assert delivery._may_send(0, 1, 1)
+    assert not delivery._may_send(1, 1, 500)

@@ -23,7 +23,7 @@ import pytest
 
 from broker.services.messages import AckRequest, Published, PublishRequest
 from broker.smqp.message import DataSection, Message
-from broker.storage import _LENGTH, take_frame
+from broker.storage import _LENGTH, LONG_CALL_BYTES, take_frame
 from tests.conftest import ROOT, accounts_script, fresh_database, run_manage
 
 pytestmark = pytest.mark.e2e
@@ -145,6 +145,45 @@ def test_a_publish_is_answered_after_the_wal_flush_and_an_ack_behind_it_is_not_h
     call_id, ok, [second] = proc.answer(30)
     assert (call_id, ok) == (2, True) and isinstance(second, Published)
     assert second.smuid > first.smuid
+
+
+def test_a_publish_is_answered_before_a_long_batch_behind_it_commits(child):
+    """A large publish batch queued behind a publish whose answer waits for the flush:
+    the flush and that answer go first, then the batch commits (a short call behind is
+    committed first instead: see the test above)."""
+    proc, database = child
+    root = sqlite3.connect(database).execute(
+        "SELECT id FROM accounts_account WHERE username = 'root'").fetchone()[0]
+
+    def stored(prefix: str) -> int:
+        with sqlite3.connect(database) as db:
+            return db.execute("SELECT count(*) FROM broker_message WHERE cmuid LIKE ?",
+                              (prefix + "%",)).fetchone()[0]
+
+    batch = [publish(root, f"long{i:03d}" + "x" * 400) for i in range(100)]
+    assert len(pickle.dumps(batch)) >= LONG_CALL_BYTES
+    proc.send((1, "publish_batch", [[publish(root, "short")]]),
+              (2, "publish_batch", [batch]))
+    for _ in range(500):
+        if proc.flushed():
+            break
+        assert proc.answer(0.01) is None
+    # The flush for "short" has begun, before the long batch was committed.
+    assert proc.flushed() == [f"{database}-wal"]
+    assert stored("short") == 1
+    assert stored("long") == 0
+    proc.release()
+    call_id, ok, [short] = proc.answer(30)
+    assert (call_id, ok) == (1, True) and isinstance(short, Published)
+    for _ in range(500):
+        if len(proc.flushed()) == 2:
+            break
+        assert proc.answer(0.01) is None
+    assert stored("long") == 100
+    proc.release()
+    call_id, ok, results = proc.answer(30)
+    assert (call_id, ok) == (2, True)
+    assert [r.smuid for r in results] == list(range(short.smuid + 1, short.smuid + 101))
 
 
 def test_a_failed_call_is_answered_without_waiting_for_a_flush(child):
