@@ -184,39 +184,54 @@ def test_table_inserts_write_what_the_orm_reads_back(database):
     assert out["details"] == [[pk, {"k": [1, None]}, when] for pk in pks] + [[None, {}, when]]
 
 
-SCRIPT_SCRIPT = PRELUDE + r"""
-from django.db import DatabaseError
-from broker.services.rows import run_script
+ACK_SCRIPT = r"""
+import json
+from django.utils import timezone
+from accounts.models import Account
+from broker.models import Delivery, Message, UsageEvent
+from broker.services.messages import AckRequest, ack_batch
+from topics.models import Topic
 
-run_script([(insert, ["five", "it's"]), (insert, ["five", "x"])], relaxed=True)
-out["committed"] = count("five")
-out["quoted"] = sorted(UsageEvent.objects.filter(kind="five").values_list("account", flat=True))
-for name, failing in [("at_once", "INSERT INTO no_such_table (x) VALUES (1)"),
-                      ("at_commit", "INSERT INTO broker_datasection (message_id, position, "
-                                    "content_type, content_length, content_encoding, headers, "
-                                    "body) VALUES (987654321, 0, '', 0, '', '[]', '')")]:
-    try:
-        run_script([(insert, [name, ""]), (failing, [])])
-        out[name] = "no error"
-    except DatabaseError as exc:
-        out[name] = type(exc).__name__
-    out[name + "_kept"] = count(name)
-out["usable"] = count("five")
-out["autocommit"] = connection.get_autocommit()
+bob = Account.objects.create(username="bob")
+topic = Topic.objects.create(path="/acks")
+now = timezone.now()
+held, backlog, other = (Message.objects.create(topic=topic, cmuid=f"m{i}", created=now,
+                                               timeout=60) for i in range(3))
+Delivery.objects.create(account=bob, message=held)
+Delivery.objects.create(account=bob, message=other)
+# The same pair twice in one batch (two sessions of the account), a message with no row
+# yet (it came from a backlog), and no receipt wanted: PostgreSQL's one-statement path.
+assert ack_batch([AckRequest(bob.pk, held.pk, 1, False), AckRequest(bob.pk, held.pk, 2, False),
+                  AckRequest(bob.pk, backlog.pk, 1, False)]) == []
+first = {d.message_id: (d.state, d.attempts, d.acked)
+         for d in Delivery.objects.filter(account=bob)}
+# Again, later: the rows ACKed before stay as they were.
+assert ack_batch([AckRequest(bob.pk, held.pk, 3, False)]) == []
+again = Delivery.objects.get(account=bob, message=held)
+out = {
+    "states": sorted((m, s, a) for m, (s, a, _) in first.items()),
+    "unchanged": [again.state, again.attempts, again.acked == first[held.pk][2]],
+    "expires": sorted((m.pk, m.expires is not None)
+                      for m in Message.objects.filter(topic=topic)),
+    "events": UsageEvent.objects.filter(kind="ack").count(),
+    "ids": [held.pk, backlog.pk, other.pk],
+}
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_run_script_commits_all_or_nothing(database):
-    """:func:`rows.run_script` (PostgreSQL: BEGIN, the statements and COMMIT as one query,
-    parameters bound client-side) commits every statement or none, also when the failure
-    comes only at the COMMIT (a deferred foreign key), and leaves the connection usable."""
-    result = run_manage(database, "shell", "--no-imports", "-c", SCRIPT_SCRIPT)
+def test_an_ack_batch_records_first_acks_once_and_starts_timeouts(database):
+    """:func:`ack_batch` on each backend (PostgreSQL: one upsert for the whole batch): a pair
+    ACKed twice in one batch is recorded once, a message with no delivery row gets one (with
+    the first ACK's attempt count), a later ACK changes nothing, and the timeout starts for the
+    messages every subscriber has ACKed."""
+    result = run_manage(database, "shell", "--no-imports", "-c", ACK_SCRIPT)
     line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line.removeprefix("RESULT "))
-    assert out["committed"] == 2
-    assert out["quoted"] == ["it's", "x"]
-    assert out["at_once"] != "no error" and out["at_once_kept"] == 0
-    assert out["at_commit"] == "IntegrityError" and out["at_commit_kept"] == 0
-    assert out["usable"] == 2
-    assert out["autocommit"] is True
+    held, backlog, other = out["ids"]
+    # A row that existed keeps its attempt count (the retries' count); a new one is made
+    # with the first ACK's.
+    assert out["states"] == [[held, "acked", 0], [backlog, "acked", 1], [other, "pending", 0]]
+    assert out["unchanged"] == ["acked", 0, True]
+    assert out["expires"] == [[held, True], [backlog, True], [other, False]]
+    assert out["events"] == 4

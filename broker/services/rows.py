@@ -76,6 +76,16 @@ def raw_cursor() -> Iterator[Any]:
         yield cursor
 
 
+@contextmanager
+def closing_cursor() -> Iterator[Any]:
+    """PostgreSQL: a psycopg cursor with server-side binding on the current connection (a
+    statement's text is then the same each time, and psycopg may prepare it)."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    wrapper.ensure_connection()
+    with closing(psycopg.Cursor(wrapper.connection)) as cursor:
+        yield cursor
+
+
 def query(sql: str, params: Sequence[Any] = ()) -> Callable[[], list[tuple]]:
     """Run a statement now; the returned function gives its rows. Inside
     :func:`hot_transaction` on PostgreSQL the statement is only sent, and reading its rows is
@@ -83,7 +93,12 @@ def query(sql: str, params: Sequence[Any] = ()) -> Callable[[], list[tuple]]:
     the lot costs one round trip."""
     wrapper = connections[DEFAULT_DB_ALIAS]
     wrapper.ensure_connection()
-    cursor = wrapper.connection.cursor()
+    if vendor() == "postgresql":
+        # Server-side binding: the statement's text is the same each time, so that psycopg
+        # may prepare it (where prepared statements are on: broker.storage).
+        cursor = psycopg.Cursor(wrapper.connection)
+    else:
+        cursor = wrapper.connection.cursor()
     cursor.execute(sql, params)
     if vendor() == "sqlite":  # no round trips: read at once, leave no statement open
         with closing(cursor):
@@ -164,39 +179,6 @@ def hot_transaction(*, relaxed: bool = False) -> Iterator[None]:
 Statement = tuple[str, Sequence[Any]]
 
 
-def run_script(statements: Sequence[Statement], *, relaxed: bool = False) -> None:
-    """Run ``statements`` as one transaction that reads nothing back.
-
-    PostgreSQL, outside any atomic block: one simple-protocol query holding BEGIN, the
-    statements (parameters bound client-side) and COMMIT, so one round trip and one call
-    into psycopg; in pipeline mode (:func:`hot_transaction`) each statement costs psycopg a
-    send-and-poll of its own, most of an ACK's CPU. If a statement fails, PostgreSQL skips
-    the rest and the transaction is rolled back. A connection found broken raises
-    :class:`Unsent` whether or not the COMMIT ran before it broke: pass only statements
-    that may run twice. Otherwise: :func:`hot_transaction`, one statement at a time."""
-    wrapper = connections[DEFAULT_DB_ALIAS]
-    if vendor() != "postgresql" or wrapper.in_atomic_block or not wrapper.get_autocommit():
-        with wrapper.wrap_database_errors, hot_transaction(relaxed=relaxed), \
-                raw_cursor() as cursor:
-            for sql, params in statements:
-                cursor.execute(sql, params)
-        return
-    wrapper.ensure_connection()
-    raw = wrapper.connection
-    with closing(psycopg.ClientCursor(raw)) as cursor:
-        parts = ["BEGIN"]
-        if relaxed:
-            parts.append("SET LOCAL synchronous_commit = off")
-        parts.extend(cursor.mogrify(sql, params) for sql, params in statements)
-        parts.append("COMMIT")
-        with wrapper.wrap_database_errors:
-            try:
-                cursor.execute("; ".join(parts))
-            except BaseException as exc:
-                _after_failure(wrapper, raw, exc, rerun=True)
-                raise
-
-
 def _after_failure(wrapper: Any, raw: Any, exc: BaseException, *, rerun: bool) -> None:
     """A PostgreSQL transaction of ours failed. A lost connection (psycopg: a broken one is
     always closed too) is left for Django to drop, and raises :class:`Unsent` when the caller
@@ -258,14 +240,6 @@ class Table:
     def insert(self, rows: Sequence[tuple]) -> None:
         if rows:
             self._insert(rows, False)
-
-    def statement(self, rows: Sequence[tuple]) -> Statement:
-        """One multi-row INSERT of ``rows`` with ``%s``/``?`` placeholders, for
-        :func:`run_script`."""
-        one = self._insert_sql(False)
-        head, values = one.split(" VALUES ")
-        return (f"{head} VALUES {', '.join([values] * len(rows))}",
-                [value for row in rows for value in row])
 
     def _insert(self, rows: Sequence[tuple], with_pk: bool) -> None:
         if vendor() != "postgresql":
