@@ -222,9 +222,9 @@ class Dispatcher:
         apart = dbthread.acks_apart()
         # Batches on their way at once: up to publishes_in_flight where the storage process
         # flushes the WAL itself (SQLite), else one; either way they commit in the order
-        # sent. Beyond two, only a batch of EXTRA_BATCH_MIN
-        # publishes or more goes: a few publishes wait, and grow into one batch (each batch
-        # costs the storage process a transaction), unless the storage would idle meanwhile.
+        # sent. Beyond two, only a batch of EXTRA_BATCH_MIN publishes or more goes: a few
+        # publishes wait, and grow into one batch (each batch costs the storage process a
+        # transaction), unless the storage process would idle meanwhile.
         limit = self.storage.publishes_in_flight
         in_flight = 0
 

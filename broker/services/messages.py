@@ -43,7 +43,6 @@ from . import topics as topic_service
 from .rows import (
     Statement,
     Table,
-    closing_cursor,
     db_datetime,
     db_json,
     from_db_datetime,
@@ -51,6 +50,7 @@ from .rows import (
     placeholder,
     query,
     raw_cursor,
+    server_cursor,
     vendor,
 )
 
@@ -567,7 +567,7 @@ def _upsert_acked(acks: list[AckRequest], now: datetime) -> None:
         firsts.setdefault((ack.account_id, ack.smuid), ack.attempts)
     deliveries, messages = Delivery._meta.db_table, Message._meta.db_table
     accounts = Account._meta.db_table
-    with closing_cursor() as cursor:
+    with server_cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {deliveries} AS d (account_id, message_id, state, attempts, created, "
             f"last_attempt, next_attempt, acked) "
@@ -585,7 +585,7 @@ def _upsert_acked(acks: list[AckRequest], now: datetime) -> None:
 
 def _execute_all(statements: list[Statement]) -> None:
     """PostgreSQL: run statements with server-side binding (so that they may be prepared)."""
-    with closing_cursor() as cursor:
+    with server_cursor() as cursor:
         for sql, params in statements:
             cursor.execute(sql, params)
 

@@ -77,7 +77,7 @@ def raw_cursor() -> Iterator[Any]:
 
 
 @contextmanager
-def closing_cursor() -> Iterator[Any]:
+def server_cursor() -> Iterator[Any]:
     """PostgreSQL: a psycopg cursor with server-side binding on the current connection (a
     statement's text is then the same each time, and psycopg may prepare it)."""
     wrapper = connections[DEFAULT_DB_ALIAS]
