@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing, contextmanager, suppress
+from contextlib import closing, contextmanager, nullcontext, suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -301,9 +301,12 @@ class Table:
             self._insert([(pk, *row) for pk, row in zip(pks, rows, strict=True)], True)
             return pks
         # SQLite: one executemany. The key is AUTOINCREMENT (each new row gets one more than
-        # the largest the table ever had), and from its first INSERT this transaction holds
+        # the largest the table ever had), and from its first INSERT the transaction holds
         # the database's write lock: the rows got the keys up to the last one, in order.
-        with raw_cursor() as cursor:
+        # Outside a transaction (autocommit) the rows get one of their own.
+        wrapper = connections[DEFAULT_DB_ALIAS]
+        with (nullcontext() if wrapper.in_atomic_block else transaction.atomic()), \
+                raw_cursor() as cursor:
             cursor.executemany(self._insert_sql(False), rows)
             cursor.execute("SELECT last_insert_rowid()")
             last = cursor.fetchone()[0]
