@@ -70,6 +70,10 @@ ACK_RETRY_SECONDS = 0.05
 ACK_RETRY_MAX = 2.0
 # Longest a backlog read waits for the journaled ACKs to reach the database (caught_up()).
 CATCH_UP_SECONDS = 5.0
+# How long an ACK by a session of this process keeps the message from being offered to its
+# account again here, and at most how many are kept (see Dispatcher.offer).
+RECENT_ACK_SECONDS = 60.0
+RECENT_ACK_MAX = 100_000
 
 
 class Session(Protocol):
@@ -96,6 +100,8 @@ class Dispatcher:
         self._batches_applied = 0
         self._applied_keys: deque[tuple[int, list[tuple[int, int]]]] = deque()
         self._reads: Counter[int] = Counter()  # backlog queries running, by their start mark
+        # (account, smuid) ACKed here lately → when to forget it (see offer()).
+        self._recent_acks: OrderedDict[tuple[int, int], float] = OrderedDict()
         self._sync_waiters: list[asyncio.Future] = []
         self._syncer: asyncio.Task | None = None
         # caught_up() callers: (journal records that must be applied, future).
@@ -131,11 +137,27 @@ class Dispatcher:
                 del self.sessions[session.account_id]
 
     def offer(self, items: Iterable[tuple[int, int, Iterable[int]]]) -> None:
-        """(priority, smuid, accounts) → each live session of those accounts."""
+        """(priority, smuid, accounts) → each live session of those accounts, but for an
+        account a session here has ACKed it for lately. A wake-up may come after the ACK: a
+        backlog read (a login's, the sweep's) sees a message once it is committed, and may
+        offer it before its publish has been answered here; the subscriber may ACK it
+        before the publish's wake-up comes."""
+        recent = self._recent_acks
         for priority, smuid, accounts in items:
             for account_id in accounts:
+                if recent and (account_id, smuid) in recent:
+                    continue
                 for session in tuple(self.sessions.get(account_id, ())):
                     session.offer(priority, smuid)
+
+    def _acked_here(self, request: AckRequest) -> None:
+        recent = self._recent_acks
+        now = asyncio.get_running_loop().time()
+        key = (request.account_id, request.smuid)
+        recent[key] = now + RECENT_ACK_SECONDS
+        recent.move_to_end(key)
+        while recent and (len(recent) > RECENT_ACK_MAX or next(iter(recent.values())) < now):
+            recent.popitem(last=False)
 
     # ------------------------------------------------------------------ publish / ack
 
@@ -156,6 +178,7 @@ class Dispatcher:
             self._acks.append((request, future))
             self._ack_work.set()
             await future
+            self._acked_here(request)
             return
         try:
             self.journal.append([(request.account_id, request.smuid, request.attempts,
@@ -164,6 +187,7 @@ class Dispatcher:
             logger.exception("writing the ACK journal failed")
             raise ServiceError(500, "Server error (ACK not recorded)") from exc
         self.acked[(request.account_id, request.smuid)] = math.inf
+        self._acked_here(request)
         self._acks.append((request, None))
         self._ack_work.set()
         if settings.SMQP_ACK_DURABILITY == "full":

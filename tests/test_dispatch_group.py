@@ -76,3 +76,31 @@ async def test_a_worker_s_wake_up_is_offered(layer):
         assert probe.offered == [(3, 9)]
     finally:
         a.close()
+
+
+async def test_a_message_acked_here_is_not_offered_again_to_its_account(layer, monkeypatch):
+    """A backlog read may offer a message once it is committed, before its publish has been
+    answered here; its subscriber may ACK it before the publish's wake-up comes. That
+    wake-up must not offer it to the account again (the bench saw one duplicate), though
+    another account still gets it, and the memory of the ACK fades."""
+    from broker.services.messages import AckRequest
+
+    monkeypatch.setattr(delivery, "RECENT_ACK_SECONDS", 0.2)
+    a = Dispatcher()
+    mine, other = Probe(), Probe()
+    other.account_id = 43
+    a.register(mine)
+    a.register(other)
+    try:
+        a._acked_here(AckRequest(42, 9, 1, False))
+        a.offer([(3, 9, [42, 43])])
+        assert mine.offered == [] and other.offered == [(3, 9)]
+        a.offer([(3, 10, [42])])  # another message: offered
+        assert mine.offered == [(3, 10)]
+        await asyncio.sleep(0.3)
+        a._acked_here(AckRequest(42, 11, 1, False))  # prunes what has expired
+        assert (42, 9) not in a._recent_acks
+        a.offer([(3, 9, [42])])
+        assert mine.offered == [(3, 10), (3, 9)]
+    finally:
+        a.close()
