@@ -130,10 +130,6 @@ SMQP_ACK_JOURNAL = env_bool("SMQP_ACK_JOURNAL", True)
 # The listener's group commits (publishes, ACKs) run in storage processes of their own
 # (broker/storage.py), so they use another core than its event loop. Off: on its threads.
 SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
-# PostgreSQL: the storage processes' connections use prepared statements (psycopg prepares a
-# statement after five runs). Off behind a pooler that cannot keep them (PgBouncer in
-# transaction mode before 1.21, or without max_prepared_statements).
-SMQP_PG_PREPARED_STATEMENTS = env_bool("SMQP_PG_PREPARED_STATEMENTS", True)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Persistent: Channels closes connections older than this around every database call, and
     # reopening SQLite (with its PRAGMAs) costs more than most commands.

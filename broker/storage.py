@@ -397,25 +397,11 @@ def serve(fd: int, database: str) -> None:
     before it, so that they do not wait for its commit, and the listener sends the next
     batch meanwhile. An answer that needs no flush (a failed call, a relaxed ACK) goes at
     once, before them: the listener matches answers to calls by their numbers."""
-    from django.conf import settings
     from django.db import connection
 
     from broker.dbthread import call_here
 
     connection.settings_dict["NAME"] = database
-    if connection.vendor == "postgresql" and settings.SMQP_PG_PREPARED_STATEMENTS:
-        # A connection of this process's own that runs the same few statements again and
-        # again: psycopg prepares each after five runs, and PostgreSQL no longer parses
-        # it every time (Django turns that off, for transaction poolers). Each run is still
-        # planned for its own values: a generic plan of the ACK's UPDATEs (id = ANY($n))
-        # may pick another index and read every message still waiting.
-        # Measured: a one-message publish transaction costs the server 1.5 ms of CPU
-        # instead of 1.9 (large INSERTs are not prepared: rows.PREPARED_ROWS_MAX).
-        options = connection.settings_dict.setdefault("OPTIONS", {})
-        options.setdefault("prepare_threshold", 5)
-        options["options"] = " ".join(filter(None, (
-            options.get("options"), "-c plan_cache_mode=force_custom_plan")))
-        connection.close()  # the next use connects with them
     sock = socket.socket(fileno=fd)
     inbox = _Inbox(sock)
     wal = flush_behind(database)

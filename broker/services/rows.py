@@ -27,8 +27,6 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 _vendor: str | None = None
-#: Rows an INSERT may have and still use a prepared statement (see Table._insert).
-PREPARED_ROWS_MAX = 16
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
@@ -80,8 +78,8 @@ def raw_cursor() -> Iterator[Any]:
 
 @contextmanager
 def server_cursor() -> Iterator[Any]:
-    """PostgreSQL: a psycopg cursor with server-side binding on the current connection (a
-    statement's text is then the same each time, and psycopg may prepare it)."""
+    """PostgreSQL: a psycopg cursor with server-side binding on the current connection:
+    array parameters go as binary arrays (``= ANY(%s)``, ``unnest(%s)``), not as text."""
     wrapper = connections[DEFAULT_DB_ALIAS]
     wrapper.ensure_connection()
     with closing(psycopg.Cursor(wrapper.connection)) as cursor:
@@ -95,12 +93,7 @@ def query(sql: str, params: Sequence[Any] = ()) -> Callable[[], list[tuple]]:
     the lot costs one round trip."""
     wrapper = connections[DEFAULT_DB_ALIAS]
     wrapper.ensure_connection()
-    if vendor() == "postgresql":
-        # Server-side binding: the statement's text is the same each time, so that psycopg
-        # may prepare it (where prepared statements are on: broker.storage).
-        cursor = psycopg.Cursor(wrapper.connection)
-    else:
-        cursor = wrapper.connection.cursor()
+    cursor = wrapper.connection.cursor()
     cursor.execute(sql, params)
     if vendor() == "sqlite":  # no round trips: read at once, leave no statement open
         with closing(cursor):
@@ -253,13 +246,9 @@ class Table:
         # cost the server a statement each, and psycopg a formatted query text each.
         wrapper = connections[DEFAULT_DB_ALIAS]
         wrapper.ensure_connection()
-        # Prepared (where the connection prepares: broker.storage) only for a few rows: a
-        # large batch ran slower through the prepared statement (PostgreSQL publish
-        # throughput 5.4k -> 3.1k/s, the server's CPU 38% -> 54%), a small one faster.
         with closing(psycopg.Cursor(wrapper.connection)) as cursor:
             cursor.execute(self._unnest_sql(with_pk),
-                           [list(column) for column in zip(*rows, strict=True)],
-                           prepare=None if len(rows) <= PREPARED_ROWS_MAX else False)
+                           [list(column) for column in zip(*rows, strict=True)])
 
     def _unnest_sql(self, with_pk: bool) -> str:
         key = ("unnest", with_pk)
