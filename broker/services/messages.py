@@ -511,23 +511,6 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     if not acks:
         return []
     now = timezone.now()
-    at = db_datetime(now)
-    acked = Delivery.State.ACKED.value
-    ph = placeholder()
-    table = Delivery._meta.db_table
-    # One statement per ACK: the delivery row becomes ACKed, or is created ACKed (a
-    # subscriber that arrived later got the message from the backlog, with no row yet). A
-    # row ACKed before stays as it is and is not returned: only first ACKs come back. An
-    # account deleted after its snapshot was cached gets no row (see above).
-    upsert = (f"INSERT INTO {table} AS d (account_id, message_id, state, attempts, created, "
-              f"last_attempt, next_attempt, acked) SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, "
-              f"NULL, {ph} FROM {Message._meta.db_table} WHERE id = {ph} AND EXISTS "
-              f"(SELECT 1 FROM {Account._meta.db_table} WHERE id = {ph}) "
-              f"ON CONFLICT (account_id, message_id) DO UPDATE SET state = excluded.state, "
-              f"acked = excluded.acked, last_attempt = excluded.last_attempt "
-              f"WHERE d.state <> excluded.state")
-    params = [(ack.account_id, acked, ack.attempts, at, at, at, ack.smuid, ack.account_id)
-              for ack in acks]
     smuids = sorted({ack.smuid for ack in acks})
     kind = UsageEvent.Kind.ACK.value
     events = _event_rows([(kind, names[a.account_id], "", a.smuid, 0, "", {}) for a in acks],
@@ -542,6 +525,15 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
             _execute_all(_finish_statements(smuids, now))
             _EVENTS.insert(events)
         return []
+    # One statement per ACK (rows read back for receipts; SQLite has no arrays).
+    ph = placeholder()
+    upsert = _acked_upsert(f"SELECT {ph}, id, {ph}, {ph}, {ph}, {ph}, NULL, {ph} "
+                           f"FROM {Message._meta.db_table} WHERE id = {ph} AND EXISTS "
+                           f"(SELECT 1 FROM {Account._meta.db_table} WHERE id = {ph})")
+    at = db_datetime(now)
+    acked = Delivery.State.ACKED.value
+    params = [(ack.account_id, acked, ack.attempts, at, at, at, ack.smuid, ack.account_id)
+              for ack in acks]
     woken: list[Published] = []
     with hot_transaction(relaxed=relaxed):
         if receipts:
@@ -558,27 +550,36 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     return woken
 
 
+def _acked_upsert(select: str) -> str:
+    """The ACK's upsert, its rows from ``select`` (account, message, state, attempts,
+    created, last_attempt, next_attempt, acked): the delivery row becomes ACKed, or is
+    created ACKed (a subscriber that arrived later got the message from the backlog, with
+    no row yet). A row ACKed before stays as it is and is not returned: only first ACKs
+    come back. The select gives no row for an account deleted after its snapshot was
+    cached (see :func:`ack_batch`)."""
+    return (f"INSERT INTO {Delivery._meta.db_table} AS d (account_id, message_id, state, "
+            f"attempts, created, last_attempt, next_attempt, acked) {select} "
+            f"ON CONFLICT (account_id, message_id) DO UPDATE SET state = excluded.state, "
+            f"acked = excluded.acked, last_attempt = excluded.last_attempt "
+            f"WHERE d.state <> excluded.state")
+
+
 def _upsert_acked(acks: list[AckRequest], now: datetime) -> None:
-    """PostgreSQL, one statement for a batch: each (account, smuid) ACKed, its delivery row
-    made ACKed or created so (as the per-ACK statement of :func:`ack_batch`), the first ACK
-    of each pair only (a pair twice in one statement would be an error)."""
+    """PostgreSQL, one statement for a batch (:func:`_acked_upsert` over arrays), the first
+    ACK of each (account, smuid) pair only (a pair twice in one statement would be an
+    error)."""
     firsts: dict[tuple[int, int], int] = {}
     for ack in acks:
         firsts.setdefault((ack.account_id, ack.smuid), ack.attempts)
-    deliveries, messages = Delivery._meta.db_table, Message._meta.db_table
-    accounts = Account._meta.db_table
     with server_cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {deliveries} AS d (account_id, message_id, state, attempts, created, "
-            f"last_attempt, next_attempt, acked) "
-            f"SELECT a.account_id, m.id, %s, a.attempts, %s, %s, NULL, %s "
-            f"FROM unnest(%s::bigint[], %s::bigint[], %s::integer[]) "
-            f"AS a(account_id, message_id, attempts) "
-            f"JOIN {messages} m ON m.id = a.message_id "
-            f"WHERE EXISTS (SELECT 1 FROM {accounts} WHERE id = a.account_id) "
-            f"ON CONFLICT (account_id, message_id) DO UPDATE SET state = excluded.state, "
-            f"acked = excluded.acked, last_attempt = excluded.last_attempt "
-            f"WHERE d.state <> excluded.state",
+            _acked_upsert(
+                f"SELECT a.account_id, m.id, %s, a.attempts, %s, %s, NULL, %s "
+                f"FROM unnest(%s::bigint[], %s::bigint[], %s::integer[]) "
+                f"AS a(account_id, message_id, attempts) "
+                f"JOIN {Message._meta.db_table} m ON m.id = a.message_id "
+                f"WHERE EXISTS (SELECT 1 FROM {Account._meta.db_table} "
+                f"WHERE id = a.account_id)"),
             [Delivery.State.ACKED.value, now, now, now, [a for a, _ in firsts],
              [m for _, m in firsts], list(firsts.values())])
 
