@@ -7,6 +7,7 @@ among a section's headers: it is always ``len(body)`` and is written from it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,21 +76,12 @@ def parse_header_line(line: str) -> tuple[str, str]:
     return CANONICAL_NAMES.get(name.lower(), name), line[i + 1 :].strip(" \t")
 
 
-#: A header name → its canonical spelling, lower-cased (``Pri`` and ``priority`` →
-#: ``priority``): what :func:`_lookup` compares. Names seen are remembered, up to a bound
-#: (X- names are the client's to choose).
-_FOLDED: dict[str, str] = {}
-_FOLDED_MAX = 4096
-
-
+@functools.lru_cache(maxsize=4096)  # bounded: X- names are the client's to choose
 def _folded(name: str) -> str:
-    folded = _FOLDED.get(name)
-    if folded is None:
-        low = name.lower()
-        folded = CANONICAL_NAMES.get(low, low).lower()
-        if len(_FOLDED) < _FOLDED_MAX:
-            _FOLDED[name] = folded
-    return folded
+    """A header name's canonical spelling, lower-cased (``Pri`` and ``priority`` →
+    ``priority``): what :func:`_lookup` compares."""
+    low = name.lower()
+    return CANONICAL_NAMES.get(low, low).lower()
 
 
 def _lookup(headers: list[tuple[str, str]], name: str) -> str | None:
