@@ -38,10 +38,11 @@ def test_a_backlog_page_is_the_first_messages_in_delivery_order():
     topic = Topic.objects.create(path="/order")
     ids = held(topic, 6, priorities={4: 1, 2: 3})
     message_service.subscribe_backlog(bob.pk, [topic], None)
-    page = message_service.backlog(bob.pk, limit=3)
-    assert [smuid for _, smuid in page] == [ids[4], ids[2], ids[0]]
-    everything = message_service.backlog(bob.pk, limit=100)
-    assert [smuid for _, smuid in everything] == [ids[4], ids[2], ids[0], ids[1], ids[3], ids[5]]
+    page = message_service.backlog_for([bob.pk], limit=3)
+    assert [smuid for _, _, smuid in page] == [ids[4], ids[2], ids[0]]
+    everything = message_service.backlog_for([bob.pk], limit=100)
+    assert [smuid for _, _, smuid in everything] == [ids[4], ids[2], ids[0], ids[1], ids[3],
+                                                     ids[5]]
 
 
 def test_several_accounts_backlogs_each_get_their_own_page():

@@ -757,19 +757,14 @@ def load_for_delivery(message_ids: list[int]) -> dict[int, tuple[str, str, codec
     return out
 
 
-def backlog(account_id: int, limit: int | None = None) -> list[tuple[int, int]]:
-    """(priority, smuid) of messages waiting for the account: not yet ACKed by it, still
-    pending and not expired, in the order they must go (priority, then publish order). At
-    most ``limit`` (``SMQP_BACKLOG_PAGE``): the first ones in that order, so a caller that
-    got a full page asks again once it has sent these (the ACKed ones no longer wait)."""
-    return [(priority, smuid) for _, priority, smuid in backlog_for([account_id], limit)]
-
-
 def backlog_for(account_ids: list[int],
                 limit: int | None = None) -> list[tuple[int, int, int]]:
-    """:func:`backlog` of several accounts at once: (account, priority, smuid), each
-    account's first ``limit`` in its order (one account's long backlog does not crowd out
-    the others')."""
+    """(account, priority, smuid) of messages waiting for these accounts: not yet ACKed by
+    the account, still pending and not expired, each account's in the order they must go
+    (priority, then publish order). At most ``limit`` (``SMQP_BACKLOG_PAGE``) per account:
+    its first ones in that order (one account's long backlog does not crowd out the
+    others'), so a caller that got a full page asks again once it has sent these (the
+    ACKed ones no longer wait)."""
     now = timezone.now()
     limit = limit or settings.SMQP_BACKLOG_PAGE
     order = (Coalesce("message__priority", Value(NO_PRIORITY)).asc(), F("message_id").asc())
