@@ -28,6 +28,7 @@ order than the calls. Both ends are this program: the pickles never cross a trus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -361,14 +362,23 @@ class _Inbox:
         self._sock = sock
         self._buffer = bytearray()
 
+    def _receive(self, *, wait: bool) -> bool:
+        """Read what has come (with ``wait``, once something has); False when nothing had.
+        Raises EOFError when the socket closed."""
+        try:
+            data = self._sock.recv(1 << 20, 0 if wait else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if not data:
+            raise EOFError
+        self._buffer += data
+        return True
+
     def next_size(self) -> int | None:
         """The size of the next frame, once its length has come (without waiting)."""
         if len(self._buffer) < _LENGTH.size:
-            try:
-                data = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return None
-            self._buffer += data
+            with contextlib.suppress(EOFError):  # get() says so, when it is asked next
+                self._receive(wait=False)
             if len(self._buffer) < _LENGTH.size:
                 return None
         return _LENGTH.unpack_from(self._buffer)[0]
@@ -377,13 +387,8 @@ class _Inbox:
         """The next frame; None when ``wait`` is false and no whole frame has come yet.
         Raises EOFError when the socket closed."""
         while (frame := take_frame(self._buffer)) is None:
-            try:
-                data = self._sock.recv(1 << 20, 0 if wait else socket.MSG_DONTWAIT)
-            except BlockingIOError:
+            if not self._receive(wait=wait):
                 return None
-            if not data:
-                raise EOFError
-            self._buffer += data
         return frame
 
 
