@@ -125,6 +125,18 @@ def stop_listener(broker: BrokerProcess) -> None:
             broker.proc.wait()
 
 
+@contextmanager
+def listener(env: dict[str, str], var_dir: Path, *extra_args: str,
+             name: str = "smqp") -> Iterator[BrokerProcess]:
+    """:func:`start_listener`, and :func:`stop_listener` on the way out (a listener the
+    test killed meanwhile is fine)."""
+    broker = start_listener(env, var_dir, *extra_args, name=name)
+    try:
+        yield broker
+    finally:
+        stop_listener(broker)
+
+
 def _pg_available() -> bool:
     try:
         import psycopg
@@ -219,12 +231,9 @@ def fresh_listener(backend: str, base: Path,
     with fresh_database(backend, base, extra_env) as env:
         run_manage(env, "shell", "--no-imports", "-c",
                    accounts_script("root", "bob", "alice", "jtegen"))
-        broker = start_listener(env, base, name=f"fresh-{backend}")
-        broker.extra["backend"] = backend
-        try:
+        with listener(env, base, name=f"fresh-{backend}") as broker:
+            broker.extra["backend"] = backend
             yield broker
-        finally:
-            stop_listener(broker)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import fresh_database, run_manage, start_listener, stop_listener
+from tests.conftest import fresh_database, listener, run_manage
 from tests.smqp_session import Session, header, smuid_of
 from tests.test_e2e_storage import gone, storage_pids, wait_for
 
@@ -53,6 +55,14 @@ def smuid_in(note) -> int:
     return int(header(note, "Smuid").rsplit("/", 1)[1])
 
 
+@contextmanager
+def subscribed_bob(broker) -> Iterator[Session]:
+    """bob, logged in and subscribed to /j."""
+    with Session(broker.host, broker.port, "bob") as bob:
+        assert bob.command("SUB MESSAGE /j").code == 200
+        yield bob
+
+
 def deliver_one(broker, bob: Session, body: str) -> int:
     with Session(broker.host, broker.port, "root") as root:
         smuid = smuid_of(root.publish("/j", body))
@@ -65,10 +75,8 @@ def deliver_one(broker, bob: Session, body: str) -> int:
 def test_an_ack_in_the_journal_only_is_never_delivered_again(backend, recovered_by, tmp_path):
     with fresh_database(backend, tmp_path) as env:
         run_manage(env, "shell", "--no-imports", "-c", SETUP)
-        broker = start_listener(env, tmp_path, name="j1")
-        try:
-            with Session(broker.host, broker.port, "bob") as bob:
-                assert bob.command("SUB MESSAGE /j").code == 200
+        with listener(env, tmp_path, name="j1") as broker:
+            with subscribed_bob(broker) as bob:
                 smuid = deliver_one(broker, bob, "first")
                 storage = storage_pids(broker.proc.pid)
                 assert storage
@@ -85,8 +93,6 @@ def test_an_ack_in_the_journal_only_is_never_delivered_again(backend, recovered_
                 os.kill(pid, signal.SIGKILL)
             broker.proc.wait(timeout=10)
             assert wait_for(lambda: all(gone(pid) for pid in storage))
-        finally:
-            stop_listener(broker)
         # The journal is the ACK's only record now.
         assert delivery_state(env, smuid) != "acked"
         if recovered_by == "celery task":
@@ -94,8 +100,7 @@ def test_an_ack_in_the_journal_only_is_never_delivered_again(backend, recovered_
                              "from broker.tasks import recover_ack_journals\n"
                              "print(recover_ack_journals())")
             assert out.stdout.strip() == "1"
-        broker = start_listener(env, tmp_path, name="j2")
-        try:
+        with listener(env, tmp_path, name="j2") as broker:
             recovered = "Recovered 1 ACK(s)" in broker.log()
             assert recovered == (recovered_by == "restart"), broker.log()
             assert delivery_state(env, smuid) == "acked"
@@ -104,8 +109,6 @@ def test_an_ack_in_the_journal_only_is_never_delivered_again(backend, recovered_
                 later = deliver_one(broker, bob, "second")
                 assert later > smuid
                 bob.ack()
-        finally:
-            stop_listener(broker)
         # A clean stop applies what was journaled and leaves no journal behind.
         assert journal_files(tmp_path) == []
         assert delivery_state(env, later) == "acked"
@@ -119,10 +122,8 @@ def test_other_ack_settings_deliver_once(settings, tmp_path):
     310 ACK: delivered once, never again after a re-login or kill -9."""
     with fresh_database("sqlite", tmp_path, settings) as env:
         run_manage(env, "shell", "--no-imports", "-c", SETUP)
-        broker = start_listener(env, tmp_path, name="k1")
-        try:
-            with Session(broker.host, broker.port, "bob") as bob:
-                assert bob.command("SUB MESSAGE /j").code == 200
+        with listener(env, tmp_path, name="k1") as broker:
+            with subscribed_bob(broker) as bob:
                 first = deliver_one(broker, bob, "one")
                 bob.ack()
                 second = deliver_one(broker, bob, "two")
@@ -133,12 +134,7 @@ def test_other_ack_settings_deliver_once(settings, tmp_path):
                 assert bob.quiet(1.0)
             broker.proc.send_signal(signal.SIGKILL)
             broker.proc.wait(timeout=10)
-        finally:
-            stop_listener(broker)
-        broker = start_listener(env, tmp_path, name="k2")
-        try:
-            with Session(broker.host, broker.port, "bob") as bob:
-                assert bob.quiet(1.0)
-        finally:
-            stop_listener(broker)
+        with listener(env, tmp_path, name="k2") as broker, \
+                Session(broker.host, broker.port, "bob") as bob:
+            assert bob.quiet(1.0)
         assert delivery_state(env, first) == delivery_state(env, second) == "acked"
