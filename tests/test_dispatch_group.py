@@ -104,3 +104,68 @@ async def test_a_message_acked_here_is_not_offered_again_to_its_account(layer, m
         assert mine.offered == [(3, 10), (3, 9)]
     finally:
         a.close()
+
+
+class AckStore:
+    """Stands for the storage processes: records each ACK batch (its smuids)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    async def ack_batch(self, acks: list) -> list:
+        self.batches.append([ack.smuid for ack in acks])
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, settings, tmp_path,
+                                                                  monkeypatch):
+    """An ACK after a quiet spell goes to the store at once; the ACKs that follow gather
+    (one transaction for many), until ACK_GATHER_SECONDS have passed, a backlog read waits
+    for them (caught_up), or MAX_BATCH are queued."""
+    from broker.services.messages import AckRequest
+
+    settings.VAR_DIR = tmp_path  # the journal's folder
+    settings.SMQP_ACK_JOURNAL = True
+    monkeypatch.setattr(delivery, "ACK_GATHER_SECONDS", 0.5)
+    a = Dispatcher()
+    a.storage.close()
+    store = a.storage = AckStore()
+
+    async def acked(*smuids: int) -> None:
+        for smuid in smuids:
+            await a.ack(AckRequest(42, smuid, 1, False))
+
+    async def until(count: int) -> None:
+        for _ in range(300):
+            if len(store.batches) >= count:
+                return
+            await asyncio.sleep(0.01)
+
+    try:
+        await acked(1)
+        await until(1)
+        assert store.batches == [[1]]
+        await acked(2, 3, 4)
+        await asyncio.sleep(0.1)
+        assert store.batches == [[1]]  # gathering
+        monkeypatch.setattr(delivery, "ACK_GATHER_SECONDS", 30)  # the pause after the next
+        await until(2)
+        assert store.batches == [[1], [2, 3, 4]]
+        # A pause of 30 s runs now; a backlog read does not wait it out.
+        await acked(5)
+        await asyncio.wait_for(a.caught_up(), 10)
+        assert store.batches == [[1], [2, 3, 4], [5]]
+        # Another pause of 30 s: MAX_BATCH queued ACKs end it.
+        monkeypatch.setattr(delivery, "MAX_BATCH", 3)
+        await acked(6, 7)
+        await asyncio.sleep(0.1)
+        assert len(store.batches) == 3
+        await acked(8)
+        await until(4)
+        assert store.batches[3] == [6, 7, 8]
+        assert not a.journal.pending
+    finally:
+        a.close()
