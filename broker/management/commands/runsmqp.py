@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -14,6 +16,16 @@ PRIVILEGED_PORT_HELP = (
     "CAP_NET_BIND_SERVICE). Choose another port: `manage.py runsmqp --port 7200`, "
     "or set SMQP_PORT=7200."
 )
+
+
+def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` to completion on the event loop ``SMQP_EVENT_LOOP`` names."""
+    if settings.SMQP_EVENT_LOOP == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
 
 
 class Command(BaseCommand):
@@ -47,7 +59,7 @@ class Command(BaseCommand):
                               f"listeners")
         connection.close()
         try:
-            asyncio.run(self._serve(host, port, reuse_port, grace))
+            run_event_loop(self._serve(host, port, reuse_port, grace))
         except PermissionError as exc:
             raise CommandError(PRIVILEGED_PORT_HELP.format(port=port)) from exc
         except OSError as exc:
@@ -66,8 +78,9 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        kind = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
         for bound_host, bound_port in addresses:
-            self.stdout.write(f"SMQP listening on {bound_host}:{bound_port}")
+            self.stdout.write(f"SMQP listening on {bound_host}:{bound_port} ({kind} event loop)")
         sys.stdout.flush()
         await stop.wait()
         self.stdout.write(f"SMQP shutting down ({grace:g} s grace)")
