@@ -61,6 +61,18 @@ GRANT_MEMO_SECONDS = 0.2
 # stream of small commits the channel layer then costs a few hundred round trips a second at
 # most, and another process hears of a message this much later at worst.
 WAKE_GATHER_SECONDS = 0.005
+# Wake-ups go to the other processes only while there are any: every dispatcher says hello
+# on the dispatch group when it joins and every PEER_HELLO_SECONDS after, answers a hello
+# from a process it did not know with its own at once, and forgets a process it has not
+# heard from for PEER_FORGET_SECONDS. For its first PEER_STARTUP_SECONDS a dispatcher sends
+# its wake-ups whether or not it has heard of another (their hellos are on their way). A
+# listener alone (the common case) then spends nothing on wake-ups nobody reads. Another
+# process learns of a new one a moment after it joined, by its hello: a commit there in
+# that moment is not announced to it, and reaches its sessions by a backlog read (a
+# dispatcher's first sweep comes PEER_STARTUP_SECONDS after it starts, not a period).
+PEER_HELLO_SECONDS = 5.0
+PEER_FORGET_SECONDS = 16.0
+PEER_STARTUP_SECONDS = 2.0
 # How long a login waits for its process to have joined the dispatch group (Redis slow or
 # down: the login goes on, and the backlog sweep covers what a missed wake-up delays).
 JOIN_WAIT_SECONDS = 1.0
@@ -125,6 +137,10 @@ class Dispatcher:
         self._committing: set[asyncio.Future] = set()
         self._last_ack = float("-inf")
         self._joined = asyncio.get_running_loop().create_future()
+        # Other processes on the dispatch group: origin → when last heard of (loop time).
+        self._peers: dict[str, float] = {}
+        self._startup_until = asyncio.get_running_loop().time() + PEER_STARTUP_SECONDS
+        self._greeter: asyncio.Task | None = None
         self.storage = Storage()
         self.storage.start()
         self._writer = asyncio.ensure_future(self._publish_loop())
@@ -417,6 +433,8 @@ class Dispatcher:
         if not published:
             return
         self.offer((p.priority, p.smuid, p.accounts) for p in published)
+        if not self._has_peers():
+            return
         for p in published:
             if p.accounts:
                 self._outgoing[p.topic_id].append([p.priority, p.smuid, p.accounts])
@@ -435,6 +453,44 @@ class Dispatcher:
                                                   "items": items})
                 for items in batch.values()))
             await asyncio.sleep(WAKE_GATHER_SECONDS)
+
+    def _has_peers(self) -> bool:
+        """May another process read wake-ups (see PEER_HELLO_SECONDS)?"""
+        now = asyncio.get_running_loop().time()
+        if now < self._startup_until:
+            return True
+        for origin, heard in list(self._peers.items()):
+            if now - heard <= PEER_FORGET_SECONDS:
+                return True
+            del self._peers[origin]
+        return False
+
+    async def _hello(self) -> None:
+        layer = get_channel_layer()
+        if layer is not None:
+            await layer.group_send(DISPATCH_GROUP, {"type": "dispatch.hello",
+                                                    "origin": self.origin})
+
+    async def _greet_loop(self) -> None:
+        """Say hello on the dispatch group every PEER_HELLO_SECONDS (Redis down: later)."""
+        while True:
+            try:
+                await self._hello()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("saying hello on the dispatch group failed; trying again later")
+            await asyncio.sleep(PEER_HELLO_SECONDS)
+
+    def _heard_from(self, origin: str, kind: str) -> None:
+        """A message from another process (a hello, a wake-up): it reads the group too."""
+        now = asyncio.get_running_loop().time()
+        heard = self._peers.get(origin)
+        self._peers[origin] = now
+        if kind == "dispatch.hello" and (heard is None or now - heard > PEER_FORGET_SECONDS):
+            # A process that just joined learns of this one now, not a hello period later.
+            answer = asyncio.ensure_future(self._hello())
+            answer.add_done_callback(_log_failure)
 
     async def joined(self) -> None:
         """Returns once this process reads the dispatch group (or after JOIN_WAIT_SECONDS):
@@ -462,6 +518,7 @@ class Dispatcher:
                 await asyncio.sleep(1)
         joined = loop.time()
         self._joined.set_result(None)
+        self._greeter = asyncio.ensure_future(self._greet_loop())
         while True:
             try:
                 event = await layer.receive(channel)
@@ -471,7 +528,10 @@ class Dispatcher:
                 logger.exception("channel layer receive failed; retrying")
                 await asyncio.sleep(1)
                 continue
-            if event.get("type") == "dispatch.wake" and event.get("origin") != self.origin:
+            origin = event.get("origin")
+            if origin and origin != self.origin:
+                self._heard_from(origin, event.get("type", ""))
+            if event.get("type") == "dispatch.wake" and origin != self.origin:
                 self.offer((p, s, a) for p, s, a in event["items"])
             if loop.time() - joined > 600:  # groups expire in Redis; stay a member
                 try:
@@ -487,8 +547,10 @@ class Dispatcher:
         period = settings.SMQP_BACKLOG_SWEEP_SECONDS
         if period <= 0:
             return
+        delay = min(period, PEER_STARTUP_SECONDS)  # the first one early: see PEER_HELLO_SECONDS
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(delay)
+            delay = period
             idle: dict[int, list[Session]] = {}
             for account_id, sessions in self.sessions.items():
                 quiet = [s for s in sessions if s.idle]
@@ -558,7 +620,7 @@ class Dispatcher:
 
     def close(self) -> None:
         for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
-                     self._syncer, *self._committing):
+                     self._greeter, self._syncer, *self._committing):
             if task is not None:
                 task.cancel()
         self.storage.close()

@@ -169,3 +169,56 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
         assert not a.journal.pending
     finally:
         a.close()
+
+
+async def eventually(condition, timeout: float = 5.0) -> bool:
+    """Wait until ``condition()`` holds (at most ``timeout`` seconds); its last value."""
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return bool(condition())
+
+
+async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, monkeypatch):
+    """A dispatcher alone on the group sends no wake-ups; one that joins says hello and is
+    answered, so both wake each other at once; one that is gone is forgotten."""
+    monkeypatch.setattr(delivery, "PEER_STARTUP_SECONDS", 0)
+    # Hellos when joining only: b learns of a from a's answer.
+    monkeypatch.setattr(delivery, "PEER_HELLO_SECONDS", 600)
+    monkeypatch.setattr(delivery, "PEER_FORGET_SECONDS", 600)
+    sent: list[str] = []
+    real = layer.group_send
+
+    async def spy(group: str, message: dict) -> None:
+        if message["type"] == "dispatch.wake":
+            sent.append(message["origin"])
+        await real(group, message)
+
+    monkeypatch.setattr(layer, "group_send", spy)
+    a, mine = Dispatcher(), Probe()
+    a.register(mine)
+    try:
+        await a.joined()
+        a.wake([delivery.Published(9, 7, "/t", 3, [42])])
+        await asyncio.sleep(0.1)
+        assert mine.offered == [(3, 9)] and sent == []  # offered here, told nobody
+        b, theirs = Dispatcher(), Probe()
+        b.register(theirs)
+        try:
+            await b.joined()
+            assert await eventually(lambda: a._has_peers() and b._has_peers())
+            a.wake([delivery.Published(10, 7, "/t", 3, [42])])
+            b.wake([delivery.Published(11, 7, "/t", 3, [42])])
+            assert await eventually(lambda: (3, 10) in theirs.offered and (3, 11) in mine.offered)
+            assert sorted(sent) == sorted([a.origin, b.origin])
+        finally:
+            b.close()
+        monkeypatch.setattr(delivery, "PEER_FORGET_SECONDS", 0.3)
+        assert await eventually(lambda: not a._has_peers())
+        sent.clear()
+        a.wake([delivery.Published(12, 7, "/t", 3, [42])])
+        await asyncio.sleep(0.1)
+        assert (3, 12) in mine.offered and sent == []
+    finally:
+        a.close()
