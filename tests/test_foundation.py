@@ -218,12 +218,12 @@ def test_createaccount_rejects_names_that_cannot_be_topics():
 
 
 def test_runsmqp_explains_a_privileged_port(monkeypatch):
-    import asyncio
+    from broker.management.commands import runsmqp
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(asyncio, "run", lambda coro: (coro.close(), refuse())[1])
+    monkeypatch.setattr(runsmqp, "run_event_loop", lambda coro: (coro.close(), refuse())[1])
     with pytest.raises(CommandError, match=r"not permitted.*--port 7200"):
         call_command("runsmqp", "--port", "720")
 
