@@ -50,6 +50,11 @@ class _Connection:
         if kind == "smqp.send":
             if self.closed:
                 return
+            if self.writer.is_closing():
+                # The transport is gone already (the peer reset the connection): uvloop
+                # refuses a write to it, where asyncio's transport ignores it.
+                self._close_transport()
+                return
             self.writer.write(event["bytes"])
             try:
                 await self.writer.drain()

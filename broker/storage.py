@@ -117,6 +117,8 @@ class Lane:
         if self._transport is None:
             await self._start()
         assert self._transport is not None
+        if self._transport.is_closing():  # it ended; connection_lost() has yet to run
+            raise StorageLost(f"storage process {self.name} ended")
         future = asyncio.get_running_loop().create_future()
         call_id = next(self._ids)
         data = pickle.dumps((call_id, name, args, _generations()),

@@ -726,6 +726,8 @@ class SMQPConsumer(AsyncConsumer):
                 text = line.strip().upper()
                 if not text:
                     continue
+                if writer.is_closing():
+                    break
                 if text == b"310 ACK":
                     try:
                         recorded = await self._record_ack()
@@ -771,6 +773,9 @@ class SMQPConsumer(AsyncConsumer):
             await self._write(data)
             return
         self._last_activity = self._loop.time()
+        if writer.is_closing():  # gone: the retry timer sends the notification again
+            self._close_notify_channel()
+            return
         try:
             writer.write(data)
             await writer.drain()
