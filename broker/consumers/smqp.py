@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import heapq
 import logging
 import re
@@ -19,6 +20,7 @@ from typing import Any
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
@@ -65,6 +67,43 @@ def _handler_name(command_class: type) -> str:
 
 class SMQPConsumer(AsyncConsumer):
     """One SMQP session."""
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """Channels' ``AsyncConsumer.__call__``, but the connection's events are awaited
+        directly: ``await_many_dispatch`` makes a task and an ``asyncio.wait`` for every
+        event (a subscriber's every 310 ACK, a publisher's every PUB). The channel layer's
+        events (NOTIFY TOPIC / SUB) come from a task of their own; a lock keeps the handlers
+        one at a time, as there."""
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.base_send = send
+        turn = asyncio.Lock()
+        layer_events: asyncio.Task | None = None
+        if self.channel_layer is not None:
+            self.channel_name = await self.channel_layer.new_channel()
+            self.channel_receive = functools.partial(self.channel_layer.receive,
+                                                     self.channel_name)
+            layer_events = asyncio.ensure_future(self._layer_events(turn))
+        try:
+            while True:
+                event = await receive()
+                async with turn:
+                    await self.dispatch(event)
+        except StopConsumer:
+            pass
+        finally:
+            if layer_events is not None:
+                layer_events.cancel()
+
+    async def _layer_events(self, turn: asyncio.Lock) -> None:
+        while True:
+            event = await self.channel_receive()
+            async with turn:
+                try:
+                    await self.dispatch(event)
+                except Exception:  # the session goes on: only this notification is lost
+                    logger.exception("channel layer event %s failed for %s",
+                                     event.get("type"), getattr(self, "peer", "?"))
 
     async def dispatch(self, message: dict) -> None:
         """Call the event's handler. Channels' own ``dispatch`` first hops to the database
