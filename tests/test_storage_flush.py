@@ -224,3 +224,12 @@ async def test_the_listener_matches_answers_to_calls_by_number_not_order():
         await first
     lane.close()
     theirs.close()
+
+
+def test_ready_is_answered_once_the_process_serves_and_needs_no_flush(child):
+    """The listener asks ``ready`` before it serves (its storage processes load Django
+    first). The answer commits nothing, so it does not wait for a WAL flush."""
+    proc, _ = child
+    proc.send((1, "ready", []))
+    assert proc.answer(60) == (1, True, None)
+    assert proc.flushed() == []

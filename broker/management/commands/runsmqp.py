@@ -28,6 +28,10 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
 
 
+#: Longest the listener waits for its storage processes before it serves.
+STORAGE_READY_SECONDS = 60
+
+
 class Command(BaseCommand):
     help = "Run the SMQP listener (TCP). SIGTERM or Ctrl-C warns every session and stops."
 
@@ -66,11 +70,23 @@ class Command(BaseCommand):
             raise CommandError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
 
     async def _serve(self, host: str, port: int, reuse_port: bool, grace: float) -> None:
-        from broker.asgi import application
+        from broker.delivery import get_dispatcher
         from broker.delivery import shutdown as shutdown_dispatchers
+        from broker.storage import StorageLost
+
+        # The dispatcher first: its storage processes load Django (about a second) while
+        # this one loads the rest, and the listener serves once they do. The first publish
+        # after a start would otherwise wait for them, and every publish behind it.
+        storage = get_dispatcher().storage
+        from broker.asgi import application
         from broker.heap import freeze_startup
         from broker.server import SMQPServer
 
+        try:
+            await asyncio.wait_for(storage.ready(), STORAGE_READY_SECONDS)
+        except (TimeoutError, StorageLost):
+            # The first publish starts it again (a broken install says so in the log).
+            self.stderr.write("The storage processes are not ready; serving anyway")
         server = SMQPServer(application, host, port, reuse_port=reuse_port)
         addresses = await server.start()
         freeze_startup()
