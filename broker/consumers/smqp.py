@@ -665,13 +665,20 @@ class SMQPConsumer(AsyncConsumer):
                 sent = False
                 continue
             _, smuid = heapq.heappop(self._waiting)
+            # It stays in _queued until it is in flight or dropped: the same message offered
+            # while it is loaded or checked here (its wake-up and a backlog read that saw it
+            # committed, say) would otherwise be queued again, and sent twice.
+            payload = None
+            if smuid not in self._skip:
+                payload = await self.dispatcher.load(smuid)
+                if payload is not None and not await self.dispatcher.deliverable(
+                        self.account_id, smuid, payload[0]):
+                    payload = None
             self._queued.discard(smuid)
-            if smuid in self._skip:
+            if smuid in self._skip:  # another session of the account ACKed it meanwhile
                 self._skip.discard(smuid)
                 continue
-            payload = await self.dispatcher.load(smuid)
-            if payload is None or not await self.dispatcher.deliverable(
-                    self.account_id, smuid, payload[0]):
+            if payload is None:
                 continue
             self.inflight, self._inflight_payload, self._attempts = smuid, payload, 0
             sent = True
