@@ -113,8 +113,9 @@ class Dispatcher:
         self._acks: list[tuple[AckRequest, asyncio.Future | None]] = []
         self.journal = journal.AckJournal(journal.directory()) if settings.SMQP_ACK_JOURNAL \
             else None
-        # (account, smuid) of journaled ACKs → the number of the ACK batch that brought them
-        # to the database (inf until then); see backlog().
+        # (account, smuid) of ACKs made here → the number of the ACK batch that brought them
+        # to the database (inf until then: journaled, or on their way without a journal);
+        # see backlog().
         self.acked: dict[tuple[int, int], float] = {}
         self._batches_applied = 0
         self._applied_keys: deque[tuple[int, list[tuple[int, int]]]] = deque()
@@ -199,6 +200,8 @@ class Dispatcher:
         following in the next ACK batch; without a journal, once that batch committed."""
         if self.journal is None:
             future = asyncio.get_running_loop().create_future()
+            # A backlog read running now may not see this ACK's commit: see backlog().
+            self.acked[(request.account_id, request.smuid)] = math.inf
             self._acks.append((request, future))
             self._ack_work.set()
             await future
@@ -349,9 +352,13 @@ class Dispatcher:
             logger.exception("ack batch of %d failed", len(batch))
             text = ("Server error (storage process lost; the ACK may have been recorded)"
                     if isinstance(exc, StorageLost) else "Server error (ACK not recorded)")
-            for _, future in batch:
+            for request, future in batch:
                 if future is not None and not future.done():
                     future.set_exception(ServiceError(500, text))
+                    # Not recorded (its session answers 500): backlog reads offer it again.
+                    key = (request.account_id, request.smuid)
+                    if self.acked.get(key) == math.inf:
+                        del self.acked[key]
             return False
         for _, future in batch:
             if future is not None and not future.done():
@@ -359,12 +366,12 @@ class Dispatcher:
         if self.journal is not None:
             self.journal.applied(len(batch))
             self._release_caught_up(self.journal.done)
-            self._batches_applied += 1
-            keys = [(r.account_id, r.smuid) for r, _ in batch]
-            for key in keys:
-                self.acked[key] = self._batches_applied
-            self._applied_keys.append((self._batches_applied, keys))
-            self._forget_applied()
+        self._batches_applied += 1
+        keys = [(r.account_id, r.smuid) for r, _ in batch]
+        for key in keys:
+            self.acked[key] = self._batches_applied
+        self._applied_keys.append((self._batches_applied, keys))
+        self._forget_applied()
         self.wake(receipts)
         return True
 
@@ -405,9 +412,9 @@ class Dispatcher:
     async def backlog(self, account_ids: list[int]) -> tuple[list[tuple[int, int, int]], bool]:
         """(account, priority, smuid) of what the store holds for these accounts (each
         account's first page, :func:`~broker.services.messages.backlog_for`), and whether a
-        page was full. Left out: messages whose ACK is in the journal and may not have
-        reached the database when the query read it (its batch committed after the query
-        began); they are ACKed, never to be offered again."""
+        page was full. Left out: messages ACKed here whose ACK may not have reached the
+        database when the query read it (in the journal, or its batch committed after the
+        query began); they are ACKed, never to be offered again."""
         mark = self._batches_applied
         self._reads[mark] += 1
         try:

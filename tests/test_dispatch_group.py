@@ -222,3 +222,45 @@ async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, mo
         assert (3, 12) in mine.offered and sent == []
     finally:
         a.close()
+
+
+async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_acked_during_it(
+        layer, settings, monkeypatch):
+    """SMQP_ACK_JOURNAL=0: 310 ACK waits for the ACK's commit. A backlog read whose query
+    began before that commit still returns the message; it must not be offered again. An ACK
+    whose batch failed (its session answered 500) is not left out of later reads."""
+    from broker.services import ServiceError
+    from broker.services.messages import AckRequest
+
+    settings.SMQP_ACK_JOURNAL = False
+    a = Dispatcher()
+    a.storage.close()
+    store = a.storage = AckStore()
+    assert a.journal is None
+    query_may_answer = asyncio.Event()
+
+    async def stored_rows(fn, account_ids):  # stands for backlog_for on the database thread
+        await query_may_answer.wait()
+        return [(42, 1, 9), (42, 1, 10)]
+
+    monkeypatch.setattr(delivery.dbthread, "run", stored_rows)
+    try:
+        read = asyncio.ensure_future(a.backlog([42]))
+        await asyncio.sleep(0.01)  # its query has begun
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False)), 5)
+        assert store.batches == [[9]]
+        query_may_answer.set()
+        rows, _ = await asyncio.wait_for(read, 5)
+        assert rows == [(42, 1, 10)]
+        # A later read: its query sees the commit (here: the store no longer has 9).
+
+        async def failing(acks: list) -> list:
+            raise RuntimeError("database down")
+
+        monkeypatch.setattr(store, "ack_batch", failing)
+        with pytest.raises(ServiceError):
+            await asyncio.wait_for(a.ack(AckRequest(42, 10, 1, False)), 5)
+        rows, _ = await asyncio.wait_for(a.backlog([42]), 5)
+        assert (42, 1, 10) in rows  # not recorded: offered again
+    finally:
+        a.close()
