@@ -116,16 +116,24 @@ async def test_a_message_offered_again_while_it_is_prepared_goes_once(session):
     assert notified(session.written) == [9, 10]
 
 
-async def test_a_message_another_session_acked_while_it_is_prepared_is_not_sent(session):
+async def test_another_session_s_ack_skips_what_waits_not_what_is_on_its_way(session):
+    """Every live session of the account gets live messages: one that is already on its way
+    here (taken from the queue, NOTIFY being prepared) still goes, as one in flight would;
+    one still waiting is skipped once another session of the account ACKed it."""
     dispatcher = session.dispatcher
     dispatcher.gate.clear()
     session.offer(1, 9)
     session.offer(1, 10)
+    session.offer(1, 11)
     await asyncio.wait_for(dispatcher.checking.wait(), 5)
-    session.forget(9)  # another session of the account ACKed 9 meanwhile
+    session.forget(9)  # on its way
+    session.forget(10)  # waiting
     dispatcher.gate.set()
     await settle()
-    assert notified(session.written) == [10]
+    assert notified(session.written) == [9]
+    await session.cmd_ack(None)
+    await settle()
+    assert notified(session.written) == [9, 11]
     assert not session._skip and session._queued == set()
 
 

@@ -142,6 +142,7 @@ class SMQPConsumer(AsyncConsumer):
         # read with the next page, not offered one by one.
         self._horizon: tuple[int, int] | None = None
         self.inflight: int | None = None
+        self._preparing: int | None = None  # taken from _waiting, NOTIFY not yet sent
         self._inflight_payload: tuple | None = None
         self._attempts = 0
         self._retry: asyncio.TimerHandle | None = None
@@ -621,7 +622,8 @@ class SMQPConsumer(AsyncConsumer):
 
     def offer(self, priority: int, smuid: int) -> None:
         """A message for this session's account (called by the dispatcher)."""
-        if smuid in self._queued or smuid == self.inflight or smuid in self._skip:
+        if (smuid in self._queued or smuid == self.inflight or smuid == self._preparing
+                or smuid in self._skip):
             return
         if self._horizon is None and len(self._waiting) >= settings.SMQP_BACKLOG_PAGE:
             # A subscriber slower than its publishers: hold a page in memory, no more. The
@@ -665,21 +667,21 @@ class SMQPConsumer(AsyncConsumer):
                 sent = False
                 continue
             _, smuid = heapq.heappop(self._waiting)
-            # It stays in _queued until it is in flight or dropped: the same message offered
-            # while it is loaded or checked here (its wake-up and a backlog read that saw it
-            # committed, say) would otherwise be queued again, and sent twice.
-            payload = None
-            if smuid not in self._skip:
-                payload = await self.dispatcher.load(smuid)
-                if payload is not None and not await self.dispatcher.deliverable(
-                        self.account_id, smuid, payload[0]):
-                    payload = None
             self._queued.discard(smuid)
-            if smuid in self._skip:  # another session of the account ACKed it meanwhile
+            if smuid in self._skip:
                 self._skip.discard(smuid)
                 continue
-            if payload is None:
-                continue
+            # On its way from here, as if in flight: the same message offered while it is
+            # loaded and checked (its wake-up, and a backlog read that saw it committed) is
+            # not queued again, to be sent a second time after its 310 ACK.
+            self._preparing = smuid
+            try:
+                payload = await self.dispatcher.load(smuid)
+                if payload is None or not await self.dispatcher.deliverable(
+                        self.account_id, smuid, payload[0]):
+                    continue
+            finally:
+                self._preparing = None
             self.inflight, self._inflight_payload, self._attempts = smuid, payload, 0
             sent = True
             await self._send_notify()
