@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,46 +21,133 @@ logger = logging.getLogger("broker.server")
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Any]
 
-READ_SIZE = 256 * 1024
 # Receive events buffered ahead of a busy application before reads pause (TCP backpressure).
 INBOX_SIZE = 8
 
 
-class _Connection:
-    def __init__(self, server: SMQPServer, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+class _Connection(asyncio.Protocol):
+    """One TCP connection as an ASGI application instance's ``receive`` and ``send``.
+
+    A protocol rather than a stream reader and a task that reads it: what the socket
+    delivers is handed to the application from the transport's callback, so that each
+    incoming chunk (a subscriber's ``310 ACK``) costs the event loop one task step, the
+    application's, not two."""
+
+    def __init__(self, server: SMQPServer) -> None:
         self.server = server
-        self.reader = reader
-        self.writer = writer
-        self.inbox: asyncio.Queue[dict] = asyncio.Queue(INBOX_SIZE)
+        self.transport: asyncio.Transport | None = None
+        self.inbox: deque[dict] = deque()
+        self._receiver: asyncio.Future[None] | None = None  # the application waits for input
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drainers: list[asyncio.Future[None]] = []
+        self._lost = False
+        self._disconnected = False
         self.closed = False
-        peer = writer.get_extra_info("peername") or ("", 0)
-        sock = writer.get_extra_info("sockname") or ("", 0)
+        self.scope: dict = {}
+        self._run: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ transport callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername") or ("", 0)
+        local = transport.get_extra_info("sockname") or ("", 0)
         self.scope = {
             "type": "smqp",
             "asgi": {"version": "3.0", "spec_version": "1.0"},
             "client": [peer[0], peer[1]],
-            "server": [sock[0], sock[1]],
+            "server": [local[0], local[1]],
         }
+        self.server.connections.add(self)
+        self._deliver({"type": "smqp.connect"})  # before anything the socket brings
+        self._run = asyncio.ensure_future(self.run(self.server.application))
+
+    def data_received(self, data: bytes) -> None:
+        self._deliver({"type": "smqp.receive", "bytes": data})
+        if len(self.inbox) >= INBOX_SIZE and not self._reading_paused and self.transport:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        # The peer has finished sending (maybe only a half-close). The transport stays open:
+        # replies to what it sent are still written, then the application's end closes it.
+        self._peer_gone()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self.closed = True
+        self._peer_gone()
+        self._release_drainers(exc)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._release_drainers(None)
+
+    # ------------------------------------------------------------------ ASGI side
+
+    def _deliver(self, event: dict) -> None:
+        self.inbox.append(event)
+        waiter = self._receiver
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _peer_gone(self) -> None:
+        if self._disconnected:
+            return
+        self._disconnected = True
+        self._deliver({"type": "smqp.disconnect"})
+        # The application gets time to finish its disconnect, then it is cancelled.
+        asyncio.get_running_loop().call_later(self.server.disconnect_timeout, self._overdue)
+
+    def _overdue(self) -> None:
+        if self._run is not None and not self._run.done():
+            logger.warning("application did not stop after disconnect; cancelled")
+            self._run.cancel()
 
     async def receive(self) -> dict:
-        return await self.inbox.get()
+        while not self.inbox:
+            self._receiver = asyncio.get_running_loop().create_future()
+            try:
+                await self._receiver
+            finally:
+                self._receiver = None
+        event = self.inbox.popleft()
+        if self._reading_paused and len(self.inbox) < INBOX_SIZE // 2:
+            self._reading_paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+        return event
+
+    def put_nowait(self, event: dict) -> None:
+        """An event from the listener itself (``smqp.shutdown``)."""
+        self._deliver(event)
 
     async def send(self, event: dict) -> None:
         kind = event["type"]
         if kind == "smqp.send":
-            if self.closed:
+            transport = self.transport
+            if self.closed or transport is None:
                 return
-            if self.writer.is_closing():
+            if transport.is_closing():
                 # The transport is gone already (the peer reset the connection): uvloop
                 # refuses a write to it, where asyncio's transport ignores it.
                 self._close_transport()
                 return
-            self.writer.write(event["bytes"])
-            try:
-                await self.writer.drain()
-            except (ConnectionError, OSError):
-                self._close_transport()
+            transport.write(event["bytes"])
+            if self._writing_paused:
+                try:
+                    await self._drained()
+                except (ConnectionError, OSError):
+                    self._close_transport()
             if event.get("close"):
                 self._close_transport()
         elif kind == "smqp.close":
@@ -67,53 +155,40 @@ class _Connection:
         else:
             raise ValueError(f"unknown event from the application: {kind!r}")
 
+    async def _drained(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("connection lost")
+        waiter = asyncio.get_running_loop().create_future()
+        self._drainers.append(waiter)
+        await waiter
+
+    def _release_drainers(self, exc: Exception | None) -> None:
+        drainers, self._drainers = self._drainers, []
+        for waiter in drainers:
+            if waiter.done():
+                continue
+            if self._lost:
+                waiter.set_exception(exc or ConnectionResetError("connection lost"))
+            else:
+                waiter.set_result(None)
+
     def _close_transport(self) -> None:
         if not self.closed:
             self.closed = True
-            self.writer.close()
+            if self.transport is not None:
+                self.transport.close()
 
     async def run(self, app: ASGIApp) -> None:
-        sock = self.writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        app_task = asyncio.ensure_future(app(self.scope, self.receive, self.send))
-        await self.inbox.put({"type": "smqp.connect"})
-        reader_task = asyncio.ensure_future(self._read_loop())
         try:
-            done, _ = await asyncio.wait({app_task, reader_task},
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if app_task in done:
-                reader_task.cancel()
-            else:
-                # The peer is gone; give the application time to finish its disconnect.
-                try:
-                    await asyncio.wait_for(app_task, self.server.disconnect_timeout)
-                except TimeoutError:
-                    logger.warning("application did not stop after disconnect; cancelled")
-            if app_task.done() and not app_task.cancelled() and app_task.exception():
-                logger.error("SMQP application failed", exc_info=app_task.exception())
+            try:
+                await app(self.scope, self.receive, self.send)
+            except asyncio.CancelledError:
+                pass  # the listener is shutting down; the connection is closed with it
+            except Exception:  # one connection's failure never stops the listener
+                logger.error("SMQP application failed", exc_info=True)
         finally:
-            for task in (app_task, reader_task):
-                if not task.done():
-                    task.cancel()
             self._close_transport()
-            with contextlib.suppress(Exception):
-                await self.writer.wait_closed()
-
-    async def _read_loop(self) -> None:
-        try:
-            while not self.closed:
-                data = await self.reader.read(READ_SIZE)
-                if not data:
-                    break
-                await self.inbox.put({"type": "smqp.receive", "bytes": data})
-        except (ConnectionError, OSError):
-            pass
-        # The peer has finished sending (EOF, maybe only a half-close) or is gone. The
-        # transport stays open: replies to what it sent are still written, then the
-        # application's end closes it (run()).
-        await self.inbox.put({"type": "smqp.disconnect"})
+            self.server.connections.discard(self)
 
 
 class SMQPServer:
@@ -133,23 +208,11 @@ class SMQPServer:
 
     async def start(self) -> list[tuple[str, int]]:
         """Bind and start accepting; returns the bound addresses (port 0 picks a free one)."""
-        self._server = await asyncio.start_server(
-            self._handle, self.host, self.port, backlog=self.backlog,
-            reuse_port=self.reuse_port or None, limit=READ_SIZE,
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Connection(self), self.host, self.port, backlog=self.backlog,
+            reuse_port=self.reuse_port or None,
         )
         return [s.getsockname()[:2] for s in self._server.sockets]
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(self, reader, writer)
-        self.connections.add(conn)
-        try:
-            await conn.run(self.application)
-        except asyncio.CancelledError:
-            pass  # the listener is shutting down; the connection is closed with it
-        except Exception:  # one connection's failure never stops the listener
-            logger.exception("connection handler failed")
-        finally:
-            self.connections.discard(conn)
 
     async def shutdown(self, grace: float) -> None:
         """Stop accepting, tell every connection (``smqp.shutdown``), wait up to ``grace``
@@ -157,8 +220,7 @@ class SMQPServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            with contextlib.suppress(asyncio.QueueFull):
-                conn.inbox.put_nowait({"type": "smqp.shutdown", "grace": grace})
+            conn.put_nowait({"type": "smqp.shutdown", "grace": grace})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while self.connections and loop.time() < deadline:
