@@ -37,7 +37,10 @@ ConfirmCallback = Callable[[int, bool, str], None]
 MessageCallback = Callable[[bytes, int], None]
 
 REPLY_TIMEOUT = 30.0
-CONTENT_LENGTH = re.compile(rb"^content-length\s*:\s*(\d+)\s*$", re.IGNORECASE)
+CONTENT_LENGTH = re.compile(rb"^content-length[ \t]*:[ \t]*(\d+)[ \t]*\r$",
+                            re.IGNORECASE | re.MULTILINE)
+#: Bytes asked of the socket at once by a subscriber's reader.
+READ_CHUNK = 256 * 1024
 
 
 def _ignore_confirm(token: int, ok: bool, detail: str) -> None:
@@ -134,6 +137,73 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+class SubscriberFramer:
+    """Frames what a subscribing connection receives, a chunk at a time: ``("message",
+    first section's data)`` per NOTIFY MESSAGE (its header up to the empty line, its data
+    sections by Content-Length, then ``.``), ``("ack", b"")`` per ``310 ACK``, ``("notify",
+    b"")`` per other notification (up to its empty line), ``("reply", line)`` for any other
+    line. A few ``find`` calls per message, not a ``readline`` per line: the subscriber's own
+    time is part of every NOTIFY / ACK round trip."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[str, bytes]]:
+        buffer = self._buffer
+        buffer += data
+        events: list[tuple[str, bytes]] = []
+        start = 0
+        while True:
+            event, end = self._next(buffer, start)
+            if event is None:
+                break
+            events.append(event)
+            start = end
+        del buffer[:start]
+        return events
+
+    @staticmethod
+    def _next(buffer: bytearray, start: int) -> tuple[tuple[str, bytes] | None, int]:
+        """The event that starts at ``start`` and where it ends; (None, start): incomplete."""
+        eol = buffer.find(b"\r\n", start)
+        if eol < 0:
+            return None, start
+        if eol == start:  # a stray empty line
+            return ("empty", b""), eol + 2
+        line = bytes(buffer[start:eol])
+        if line.startswith(b"310 "):
+            return ("ack", b""), eol + 2
+        if not line.startswith(b"NOTIFY "):
+            return ("reply", line), eol + 2
+        end = buffer.find(b"\r\n\r\n", start)  # the notification's line and header
+        if end < 0:
+            return None, start
+        pos = end + 4
+        if not line.startswith(b"NOTIFY MESSAGE"):
+            return ("notify", b""), pos
+        first: bytes | None = None
+        while True:
+            if len(buffer) < pos + 3:
+                return None, start
+            if buffer[pos:pos + 3] == b".\r\n":
+                return ("message", first if first is not None else b""), pos + 3
+            end = buffer.find(b"\r\n\r\n", pos)  # a data header
+            if end < 0:
+                return None, start
+            match = CONTENT_LENGTH.search(buffer, pos, end + 2)
+            if match is None:
+                raise SMQPProtocolError("data section without Content-Length")
+            data_start = end + 4
+            data_end = data_start + int(match[1])
+            if len(buffer) < data_end + 2:
+                return None, start
+            if buffer[data_end:data_end + 2] != b"\r\n":
+                raise SMQPProtocolError("data section not followed by CRLF")
+            if first is None:
+                first = bytes(buffer[data_start:data_end])
+            pos = data_end + 2
 
 
 class SMQPPublisher(Publisher):
@@ -253,57 +323,26 @@ class SMQPSubscriber(Subscriber):
     async def _read_loop(self) -> None:
         assert self._client is not None
         reader, writer = self._client.reader, self._client.writer
+        framer = SubscriberFramer()
         try:
             while True:
-                line = await reader.readline()
-                if not line:
+                data = await reader.read(READ_CHUNK)
+                if not data:
                     raise SMQPProtocolError("connection closed by the server")
-                if line.startswith(b"NOTIFY MESSAGE"):
-                    body = await self._read_message(reader)
-                    self.on_message(body, time.perf_counter_ns())
-                    writer.write(b"310 ACK\r\n")
-                elif line.startswith(b"310 "):
-                    self.acks_confirmed += 1
-                elif line.startswith(b"NOTIFY "):
-                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass
-                elif line in (b"\r\n", b"\n"):
-                    continue
-                else:  # a reply to our 310 ACK that is not 310: the ACK was refused
-                    self.ack_errors += 1
-                    if len(self.ack_error_samples) < 5:
-                        self.ack_error_samples.append(line.decode("utf-8", "replace").strip())
+                for kind, value in framer.feed(data):
+                    if kind == "message":
+                        self.on_message(value, time.perf_counter_ns())
+                        writer.write(b"310 ACK\r\n")
+                    elif kind == "ack":
+                        self.acks_confirmed += 1
+                    elif kind == "reply":  # an answer to our 310 ACK that is not 310
+                        self.ack_errors += 1
+                        if len(self.ack_error_samples) < 5:
+                            self.ack_error_samples.append(value.decode("utf-8", "replace"))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             self.failure = exc
-
-    @staticmethod
-    async def _read_message(reader: asyncio.StreamReader) -> bytes:
-        """The rest of a NOTIFY MESSAGE: header, data sections, ``.``; the first section's
-        data (the benchmark sends exactly one)."""
-        while (await reader.readline()) not in (b"\r\n", b"\n"):  # message header
-            pass
-        first: bytes | None = None
-        while True:
-            line = await reader.readline()
-            if line in (b".\r\n", b".\n"):
-                return first if first is not None else b""
-            if not line:
-                raise SMQPProtocolError("connection closed inside a NOTIFY MESSAGE")
-            length = None
-            while line not in (b"\r\n", b"\n"):  # data header
-                match = CONTENT_LENGTH.match(line)
-                if match:
-                    length = int(match[1])
-                line = await reader.readline()
-                if not line:
-                    raise SMQPProtocolError("connection closed inside a data header")
-            if length is None:
-                raise SMQPProtocolError("data section without Content-Length")
-            data = await reader.readexactly(length + 2)  # the data, then CRLF
-            if first is None:
-                first = data[:-2]
 
     async def close(self) -> None:
         await _cancel(self._reader_task)
