@@ -184,6 +184,75 @@ def test_table_inserts_write_what_the_orm_reads_back(database):
     assert out["details"] == [[pk, {"k": [1, None]}, when] for pk in pks] + [[None, {}, when]]
 
 
+GROUP_SCRIPT = r"""
+import json
+import sqlite3
+from datetime import UTC, datetime
+from django.db import IntegrityError, connection
+from broker.models import DataSection, Message, UsageEvent
+from broker.services import rows
+from topics.models import Topic
+
+if connection.vendor == "postgresql":  # prepared from the first run, as in a storage process
+    connection.close()
+    connection.settings_dict.setdefault("OPTIONS", {})["prepare_threshold"] = 0
+topic = Topic.objects.create(path="/group")
+when = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
+messages = rows.Table(Message, ("topic", "publisher_guid", "cmuid", "name", "created",
+                                "received", "depth", "receipt", "reply", "headers", "size",
+                                "state"))
+sections = rows.Table(DataSection, ("message", "position", "content_type", "content_length",
+                                    "content_encoding", "headers", "body"))
+events = rows.Table(UsageEvent, ("at", "kind", "account", "topic", "smuid", "bytes", "peer",
+                                 "detail"))
+at = rows.db_datetime(when)
+
+def batch(n, *, orphan=False):
+    group = rows.Inserts()
+    reserved = messages.reserve_pks(n)
+    pks = messages.insert_returning_pks(
+        [(topic.pk, "g", f"c{i}", "", at, at, 0, False, False, rows.db_json([]), 1, "pending")
+         for i in range(n)], reserved, group)
+    # Sections first on purpose: the parts go as one statement, its keys checked at COMMIT.
+    target = [987654321] * n if orphan else pks
+    group.add(sections, [(pk, i, "text/plain", 1, "", rows.db_json([]), b"x")
+                         for i, pk in enumerate(target)])
+    events.insert([(at, "publish", "bob", "/group", pk, 1, "", "{}") for pk in pks], group)
+    group.run()
+    return pks
+
+out = {"batches": []}
+for n in (1, 3, 1):  # the same statement again (prepared), and another shape of arrays
+    with rows.hot_transaction():
+        out["batches"].append(batch(n))
+try:
+    with rows.hot_transaction():
+        batch(2, orphan=True)
+    out["orphan"] = None
+except (IntegrityError, sqlite3.IntegrityError) as exc:  # SQLite's at COMMIT, not wrapped
+    out["orphan"] = type(exc).__name__
+out["messages"] = sorted(Message.objects.values_list("pk", flat=True))
+out["sections"] = sorted(DataSection.objects.values_list("message_id", flat=True))
+out["events"] = sorted(UsageEvent.objects.values_list("smuid", flat=True))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_grouped_inserts_commit_together_or_not_at_all(database):
+    """:class:`rows.Inserts` (PostgreSQL: one statement of data-modifying WITH clauses,
+    prepared; SQLite: an executemany per part): the parts of a batch are stored together in
+    any order, and a part that breaks a foreign key takes the whole transaction back."""
+    result = run_manage(database, "shell", "--no-imports", "-c", GROUP_SCRIPT)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    stored = [pk for pks in out["batches"] for pk in pks]
+    assert [len(pks) for pks in out["batches"]] == [1, 3, 1]
+    assert out["orphan"] == "IntegrityError"
+    assert out["messages"] == stored
+    assert out["sections"] == stored
+    assert out["events"] == stored
+
+
 ACK_SCRIPT = r"""
 import json
 from django.utils import timezone

@@ -232,8 +232,11 @@ class Table:
                                     f"({', '.join(qn(c) for c in columns)}) VALUES ({marks})")
         return sql
 
-    def insert(self, rows: Sequence[tuple]) -> None:
-        if rows:
+    def insert(self, rows: Sequence[tuple], into: Inserts | None = None) -> None:
+        """INSERT ``rows`` now, or with the other INSERTs of ``into``."""
+        if into is not None:
+            into.add(self, rows)
+        elif rows:
             self._insert(rows, False)
 
     def _insert(self, rows: Sequence[tuple], with_pk: bool) -> None:
@@ -246,6 +249,7 @@ class Table:
         # cost the server a statement each, and psycopg a formatted query text each.
         wrapper = connections[DEFAULT_DB_ALIAS]
         wrapper.ensure_connection()
+        # Prepared after a few runs where the connection prepares (broker.storage).
         with closing(psycopg.Cursor(wrapper.connection)) as cursor:
             cursor.execute(self._unnest_sql(with_pk),
                            [list(column) for column in zip(*rows, strict=True)])
@@ -285,15 +289,21 @@ class Table:
         return lambda: sorted(pk for (pk,) in read())
 
     def insert_returning_pks(self, rows: Sequence[tuple],
-                             reserved: Callable[[], list[int]] | None = None) -> list[int]:
-        """Insert, and return the new primary keys in row order (ascending: smuids grow in
-        publish order). PostgreSQL inserts keys taken from the sequence first (``reserved``,
-        else taken now): one round trip for the keys, the rows go out pipelined."""
+                             reserved: Callable[[], list[int]] | None = None,
+                             into: Inserts | None = None) -> list[int]:
+        """Insert (now, or with the other INSERTs of ``into``), and return the new primary
+        keys in row order (ascending: smuids grow in publish order). PostgreSQL inserts keys
+        taken from the sequence first (``reserved``, else taken now): one round trip for the
+        keys, the rows go out pipelined. SQLite inserts at once, ``into`` or not."""
         if not rows:
             return []
         if vendor() == "postgresql":
             pks = (reserved or self.reserve_pks(len(rows)))()  # type: ignore[misc]
-            self._insert([(pk, *row) for pk, row in zip(pks, rows, strict=True)], True)
+            keyed = [(pk, *row) for pk, row in zip(pks, rows, strict=True)]
+            if into is not None:
+                into.add(self, keyed, with_pk=True)
+            else:
+                self._insert(keyed, True)
             return pks
         # SQLite: one executemany. The key is AUTOINCREMENT (each new row gets one more than
         # the largest the table ever had), and from its first INSERT the transaction holds
@@ -306,3 +316,51 @@ class Table:
             cursor.execute("SELECT last_insert_rowid()")
             last = cursor.fetchone()[0]
         return list(range(last - len(rows) + 1, last + 1))
+
+
+class Inserts:
+    """INSERTs into several tables that go to the database together (:meth:`run`).
+
+    PostgreSQL: one statement however many tables, each part a data-modifying ``WITH``
+    clause over arrays (:meth:`Table._unnest_sql`), so a publish batch's rows (messages,
+    data sections, deliveries, usage events) cost the server one parse, plan and execute,
+    and the client one statement, instead of four; its foreign keys are checked at the
+    COMMIT (Django makes them deferrable, initially deferred), so the parts' order does not
+    matter. Nothing added is read back before :meth:`run`. Elsewhere each part is inserted
+    as it is added (SQLite: one executemany each)."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[Table, Sequence[tuple], bool]] = []
+
+    def add(self, table: Table, rows: Sequence[tuple], *, with_pk: bool = False) -> None:
+        if not rows:
+            return
+        if vendor() != "postgresql":
+            table._insert(rows, with_pk)
+        else:
+            self._parts.append((table, rows, with_pk))
+
+    def run(self) -> None:
+        parts, self._parts = self._parts, []
+        if len(parts) == 1:
+            table, rows, with_pk = parts[0]
+            table._insert(rows, with_pk)
+        elif parts:
+            key = tuple((id(table), with_pk) for table, _, with_pk in parts)
+            sql = _GROUPED.get(key)
+            if sql is None:
+                clauses = [table._unnest_sql(with_pk) for table, _, with_pk in parts]
+                sql = _GROUPED[key] = "WITH " + ", ".join(
+                    f"p{i} AS ({clause})" for i, clause in enumerate(clauses[:-1])
+                ) + " " + clauses[-1]
+            params = [list(column) for _, rows, _ in parts
+                      for column in zip(*rows, strict=True)]
+            wrapper = connections[DEFAULT_DB_ALIAS]
+            wrapper.ensure_connection()
+            # Prepared after a few runs where the connection prepares (broker.storage).
+            with closing(psycopg.Cursor(wrapper.connection)) as cursor:
+                cursor.execute(sql, params)
+
+
+#: :meth:`Inserts.run`'s statements, by the tables (and keys) of their parts.
+_GROUPED: dict[tuple[tuple[int, bool], ...], str] = {}
