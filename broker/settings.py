@@ -130,6 +130,10 @@ SMQP_ACK_JOURNAL = env_bool("SMQP_ACK_JOURNAL", True)
 # The listener's group commits (publishes, ACKs) run in storage processes of their own
 # (broker/storage.py), so they use another core than its event loop. Off: on its threads.
 SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
+# PostgreSQL: the storage processes' connections prepare the statements they run again and
+# again (broker/storage.py). Off behind a pooler that cannot keep prepared statements
+# (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
+SMQP_PG_PREPARED_STATEMENTS = env_bool("SMQP_PG_PREPARED_STATEMENTS", True)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Persistent: Channels closes connections older than this around every database call, and
     # reopening SQLite (with its PRAGMAs) costs more than most commands.

@@ -415,11 +415,21 @@ def serve(fd: int, database: str) -> None:
     before it, so that they do not wait for its commit, and the listener sends the next
     batch meanwhile. An answer that needs no flush (a failed call, a relaxed ACK) goes at
     once, before them: the listener matches answers to calls by their numbers."""
+    from django.conf import settings
     from django.db import connection
 
     from broker.dbthread import call_here
 
     connection.settings_dict["NAME"] = database
+    if connection.vendor == "postgresql" and settings.SMQP_PG_PREPARED_STATEMENTS:
+        # This connection runs the same few INSERTs over arrays again and again (rows.Table:
+        # a publish batch's rows, the usage events): psycopg prepares each after five runs,
+        # and PostgreSQL then neither parses nor plans it each time (its generic plan is
+        # the one plan an INSERT from unnest() has). Statements that find rows stay
+        # unprepared (messages._execute_all says why). Django leaves this off by default.
+        options = connection.settings_dict.setdefault("OPTIONS", {})
+        options.setdefault("prepare_threshold", 5)
+        connection.close()  # the next use connects with it
     sock = socket.socket(fileno=fd)
     inbox = _Inbox(sock)
     wal = flush_behind(database)
