@@ -32,8 +32,11 @@ _ack_executor: ThreadPoolExecutor | None = None
 def call_here(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on this thread's connection, as the database thread runs it."""
     # As Channels does around each call: drop a connection that broke or outlived
-    # CONN_MAX_AGE, before and after, so the next call gets a working one.
-    close_old_connections()
+    # CONN_MAX_AGE, before and after, so the next call gets a working one. Not while a
+    # transaction is held open between two calls (a storage process's publish batch held
+    # before its COMMIT: messages.publish_batch_held).
+    if not connection.in_atomic_block:
+        close_old_connections()
     try:
         try:
             return fn(*args, **kwargs)
@@ -43,7 +46,8 @@ def call_here(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             connection.close()
             return fn(*args, **kwargs)
     finally:
-        close_old_connections()
+        if not connection.in_atomic_block:
+            close_old_connections()
 
 
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -48,9 +48,6 @@ MAX_BATCH = 2000
 # arrives meanwhile waits for one such slice at most); with no ACK for a second, MAX_BATCH.
 PUBLISH_SLICE = 64
 ACKING_SECONDS = 1.0
-# Publishes that make a batch worth sending while two are on their way already (see
-# Dispatcher._publish_loop).
-EXTRA_BATCH_MIN = 32
 # Bytes of message data committed at once at most (one message may be larger): a batch is
 # held in memory once more on its way to the storage process.
 MAX_BATCH_BYTES = 64 * 1024 * 1024
@@ -275,12 +272,11 @@ class Dispatcher:
     async def _publish_loop(self) -> None:
         loop = asyncio.get_running_loop()
         apart = dbthread.acks_apart()
-        # Batches on their way at once: up to publishes_in_flight where the storage process
-        # flushes the WAL itself (SQLite), else one; either way they commit in the order
-        # sent. Beyond two, only a batch of EXTRA_BATCH_MIN publishes or more goes: a few
+        # Batches on their way at once: see Storage.publish_window; either way they commit
+        # in the order sent. Beyond the first few, a batch goes only once it is large: a few
         # publishes wait, and grow into one batch (each batch costs the storage process a
         # transaction), unless the storage process would idle meanwhile.
-        limit = self.storage.publishes_in_flight
+        window = self.storage.publish_window
         in_flight = 0
 
         def done(_: asyncio.Future) -> None:
@@ -291,7 +287,7 @@ class Dispatcher:
         while True:
             await self._publish_work.wait()
             self._publish_work.clear()
-            while self._publishes and _may_send(in_flight, limit, len(self._publishes)):
+            while self._publishes and _may_send(in_flight, len(self._publishes), window):
                 # An ACK holds a subscriber's next NOTIFY back. Where ACKs share the database
                 # thread, publishes go in slices while subscribers ACK, so an ACK queued
                 # behind one waits for one slice at most.
@@ -668,11 +664,12 @@ def _entry_size(entry: bytes) -> int:
     return len(entry) + 512
 
 
-def _may_send(in_flight: int, limit: int, queued: int) -> bool:
-    """May a publish batch of the ``queued`` publishes go, with ``in_flight`` on their way
-    and room for ``limit``? Up to two always; more only when they make a batch worth its
-    transaction (EXTRA_BATCH_MIN)."""
-    return in_flight < min(limit, 2) or (in_flight < limit and queued >= EXTRA_BATCH_MIN)
+def _may_send(in_flight: int, queued: int, window: tuple[int, int, int]) -> bool:
+    """May a publish batch of the ``queued`` publishes go, with ``in_flight`` on their way?
+    ``window``: (at most, whatever their size, beyond that only with this many publishes:
+    a batch worth its transaction); see :attr:`broker.storage.Storage.publish_window`."""
+    limit, always, large = window
+    return in_flight < min(limit, always) or (in_flight < limit and queued >= large)
 
 
 def _log_failure(task: asyncio.Task) -> None:

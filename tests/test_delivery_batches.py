@@ -1,8 +1,14 @@
-"""How the dispatcher cuts queued publishes into group commits (:func:`_batch_size`)."""
+"""How the dispatcher cuts queued publishes into group commits (:func:`_batch_size`), how
+many go at once (:func:`_may_send`), and in which order PostgreSQL's two publish lanes
+commit them (:meth:`broker.storage.Storage._publish_held`)."""
 
 from __future__ import annotations
 
-from broker import delivery
+import asyncio
+
+import pytest
+
+from broker import delivery, storage
 from broker.services.messages import PublishRequest
 from broker.smqp.message import DataSection, Message
 
@@ -32,15 +38,117 @@ def test_the_count_limit_still_holds(monkeypatch):
     assert delivery._batch_size([], 8) == 0
 
 
-def test_two_batches_go_at_once_and_more_only_when_large(monkeypatch):
-    monkeypatch.setattr(delivery, "EXTRA_BATCH_MIN", 32)
-    # Up to two: whatever is queued.
-    assert delivery._may_send(0, 4, 1) and delivery._may_send(1, 4, 1)
+def test_how_many_batches_go_at_once():
+    sqlite, postgres, one = (4, 2, 32), (2, 1, 128), (1, 1, 0)
+    # SQLite: up to two, whatever is queued.
+    assert delivery._may_send(0, 1, sqlite) and delivery._may_send(1, 1, sqlite)
     # A third and fourth: only a batch of 32 or more (a few publishes wait and grow).
-    assert not delivery._may_send(2, 4, 31)
-    assert delivery._may_send(2, 4, 32) and delivery._may_send(3, 4, 500)
+    assert not delivery._may_send(2, 31, sqlite)
+    assert delivery._may_send(2, 32, sqlite) and delivery._may_send(3, 500, sqlite)
     # Never beyond the limit.
-    assert not delivery._may_send(4, 4, 500)
-    # Where commits wait for the disk (PostgreSQL): one at a time, however many are queued.
-    assert delivery._may_send(0, 1, 1)
-    assert not delivery._may_send(1, 1, 500)
+    assert not delivery._may_send(4, 500, sqlite)
+    # PostgreSQL's two publish lanes: one whatever its size, a second only when large.
+    assert delivery._may_send(0, 1, postgres)
+    assert not delivery._may_send(1, 127, postgres)
+    assert delivery._may_send(1, 128, postgres)
+    assert not delivery._may_send(2, 500, postgres)
+    # One lane whose commits wait for the disk: one at a time, however many are queued.
+    assert delivery._may_send(0, 1, one)
+    assert not delivery._may_send(1, 500, one)
+
+
+class FakeLane:
+    """A publish lane whose calls the test answers: begin at once, commit when released."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+        self.commit_may_go: dict[str, asyncio.Event] = {}
+        self.begin_held: dict[str, asyncio.Event] = {}  # a begin that waits (slow to build)
+        self.fail: set[str] = set()
+
+    async def call(self, name: str, *args):
+        if name == "publish_begin":
+            batch = args[0][0]
+            self.current = batch
+            self.log.append(f"begin {batch} on {self.name}")
+            await asyncio.sleep(0)
+            if batch in self.begin_held:
+                await self.begin_held[batch].wait()
+            self.log.append(f"began {batch}")
+            if f"begin {batch}" in self.fail:
+                raise RuntimeError("refused")
+            return [f"result {batch}"]
+        batch = self.current
+        gate = self.commit_may_go.setdefault(batch, asyncio.Event())
+        await gate.wait()
+        self.log.append(f"commit {batch}")
+        if f"commit {batch}" in self.fail:
+            raise RuntimeError("commit failed")
+        return None
+
+
+def held_storage(log: list[str]) -> storage.Storage:
+    held = storage.Storage.__new__(storage.Storage)
+    held._publishers = [FakeLane("a", log), FakeLane("b", log)]
+    held._idle_publishers = list(held._publishers)
+    held._opening = asyncio.Lock()
+    held._last_commit = None
+    return held
+
+
+async def release(held: storage.Storage, batch: str) -> None:
+    for lane in held._publishers:
+        lane.commit_may_go.setdefault(batch, asyncio.Event()).set()
+    await asyncio.sleep(0.01)
+
+
+async def test_held_batches_commit_in_the_order_sent_whichever_lane_is_ready_first():
+    log: list[str] = []
+    held = held_storage(log)
+    first = asyncio.ensure_future(held._publish_held(["1"]))
+    second = asyncio.ensure_future(held._publish_held(["2"]))
+    await asyncio.sleep(0.01)
+    began = ["begin 1 on a", "began 1", "begin 2 on b", "began 2"]
+    assert log == began  # the second is built meanwhile
+    await release(held, "2")  # its lane is ready: it still waits for the first's COMMIT
+    assert log == began and not second.done()
+    await release(held, "1")
+    assert log == [*began, "commit 1", "commit 2"]
+    assert await first == ["result 1"] and await second == ["result 2"]
+    third = asyncio.ensure_future(held._publish_held(["3"]))  # a lane is idle again
+    await release(held, "3")
+    assert await third == ["result 3"] and log[-3:] == ["begin 3 on a", "began 3", "commit 3"]
+
+
+async def test_held_batches_begin_one_at_a_time_in_the_order_sent():
+    """Each batch takes its smuids as it begins: the next begins once it has, so smuids
+    grow in publish order across the two lanes."""
+    log: list[str] = []
+    held = held_storage(log)
+    held._publishers[0].begin_held["1"] = slow = asyncio.Event()
+    first = asyncio.ensure_future(held._publish_held(["1"]))
+    second = asyncio.ensure_future(held._publish_held(["2"]))
+    await asyncio.sleep(0.01)
+    assert log == ["begin 1 on a"]
+    slow.set()
+    await asyncio.sleep(0.01)
+    assert log == ["begin 1 on a", "began 1", "begin 2 on b", "began 2"]
+    await release(held, "1")
+    await release(held, "2")
+    assert await first == ["result 1"] and await second == ["result 2"]
+
+
+@pytest.mark.parametrize("failing", ["begin 1", "commit 1"])
+async def test_a_failed_batch_does_not_hold_the_next_one_back(failing):
+    log: list[str] = []
+    held = held_storage(log)
+    for lane in held._publishers:
+        lane.fail.add(failing)
+    first = asyncio.ensure_future(held._publish_held(["1"]))
+    second = asyncio.ensure_future(held._publish_held(["2"]))
+    await release(held, "1")
+    await release(held, "2")
+    with pytest.raises(RuntimeError):
+        await first
+    assert await second == ["result 2"]
+    assert sorted(lane.name for lane in held._idle_publishers) == ["a", "b"]

@@ -253,6 +253,68 @@ def test_grouped_inserts_commit_together_or_not_at_all(database):
     assert out["events"] == stored
 
 
+HELD_SCRIPT = r"""
+import json
+from accounts.models import Account
+from broker import storage
+from broker.models import Message
+from broker.services.messages import PublishRequest, publish_batch_held
+from broker.smqp.message import DataSection
+from broker.smqp.message import Message as Wire
+from topics.models import Topic
+
+root = Account.objects.create(username="root", is_superuser=True)
+Topic.objects.create(path="/held")
+
+def requests(*cmuids):
+    return [PublishRequest(root.pk, "g", "MESSAGE", "/held", cmuid,
+                           Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))
+            for cmuid in cmuids]
+
+def stored():
+    return sorted(Message.objects.values_list("cmuid", flat=True))
+
+out = {}
+# The storage process's two calls: the batch is stored at the commit.
+results = storage._publish_begin(requests("a1", "a2"))
+out["smuids"] = [r.smuid for r in results]
+out["headers_only"] = all(isinstance(r.payload[2], list) for r in results)
+storage._publish_commit()
+out["after_commit"] = stored()
+# A batch held and never committed (its listener gave up) is rolled back by the next one.
+storage._publish_begin(requests("b1"))
+storage._publish_begin(requests("c1"))
+storage._publish_commit()
+out["after_abandon"] = stored()
+try:
+    storage._publish_commit()  # nothing held
+    out["commit_without_begin"] = None
+except RuntimeError as exc:
+    out["commit_without_begin"] = str(exc)
+# The services' generator closed instead of resumed: rolled back, the connection usable.
+held = publish_batch_held(requests("d1"))
+next(held)
+held.close()
+out["after_close"] = stored()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_held_publish_batch_commits_when_told_and_only_then(database):
+    """The storage process's ``publish_begin`` / ``publish_commit`` (PostgreSQL's two
+    publish lanes): the batch is stored at the commit; one held and never committed is
+    rolled back when the next begins; a commit with nothing held fails."""
+    result = run_manage(database, "shell", "--no-imports", "-c", HELD_SCRIPT)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out["smuids"] == sorted(out["smuids"]) and len(set(out["smuids"])) == 2
+    assert out["headers_only"] is True
+    assert out["after_commit"] == ["a1", "a2"]
+    assert out["after_abandon"] == ["a1", "a2", "c1"]
+    assert "nothing committed" in out["commit_without_begin"]
+    assert out["after_close"] == ["a1", "a2", "c1"]
+
+
 ACK_SCRIPT = r"""
 import json
 from django.utils import timezone

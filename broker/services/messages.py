@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -345,6 +345,19 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
     the ServiceError that refused it; the refused ones store nothing. Access is decided from
     the per-process snapshot cache (:func:`ual.resolution.snapshot_for_id`): no permission
     query per message. Rows are written through :mod:`.rows` (no model instances)."""
+    held = publish_batch_held(requests)
+    results = next(held)
+    next(held, None)  # the COMMIT
+    return results
+
+
+def publish_batch_held(
+        requests: list[PublishRequest]) -> Iterator[list[Published | ServiceError]]:
+    """:func:`publish_batch` in two steps: yields the results once the batch's statements
+    are on their way (its transaction open, nothing committed yet); resumed, it commits (and
+    raises what the COMMIT raised); closed instead, it rolls back. A storage process holds
+    a batch so between the two while the batch before it commits on another connection
+    (:mod:`broker.storage`)."""
     now = timezone.now()
     results: list[Published | ServiceError | None] = [None] * len(requests)
     prepared: list[tuple[int, Topic | Node, _NewMessage]] = []
@@ -394,7 +407,7 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
                       row.pk, row.size, requests[i].peer, {}) for i, topic, row in prepared],
                      now, inserts)
         inserts.run()
-    return results  # type: ignore[return-value]
+        yield results  # type: ignore[misc]
 
 
 def _apply_queue_limits(prepared, results):
