@@ -251,6 +251,10 @@ SMQP_IDLE_TIMEOUT = env_int("SMQP_IDLE_TIMEOUT", 1800)
 # are waiting for their account: a wake-up lost between processes (Redis restarting, say)
 # then delays a message by this much instead of until the next login. 0 turns it off.
 SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
+# How often each process asks Redis whether topics or UAL entries changed elsewhere: a grant
+# or revoke counts in every process at most this long after its commit. (A refusal, 401 or
+# 404, of a command other than PUB is checked against Redis at once before it is given.)
+SMQP_CACHE_POLL_SECONDS = float(os.environ.get("SMQP_CACHE_POLL_SECONDS", "0.5"))
 # A session holds at most this many waiting messages in memory (a backlog read from the
 # store, or live messages for a subscriber slower than its publishers) and reads the next
 # page, in delivery order, once it has sent those: a backlog of millions costs no more.

@@ -444,3 +444,34 @@ def test_server_still_healthy(tree):
     assert "Traceback" not in tree.log()
     s = socket.create_connection((tree.host, tree.port))
     s.close()
+
+
+def test_a_topic_and_right_made_elsewhere_count_at_once_for_a_refusal(tmp_path):
+    """A topic and a subscribe right made by another process (here ``manage.py``; the admin
+    or another listener alike) a moment before: the listener's caches hear of them a poll
+    later (SMQP_CACHE_POLL_SECONDS, a minute here), but a 404 or 401 is given only once a
+    fresh read of Redis's change counters confirms it, so SUB MESSAGE succeeds at once."""
+    from tests.conftest import fresh_listener
+
+    with fresh_listener("sqlite", tmp_path, {"SMQP_CACHE_POLL_SECONDS": "60"}) as broker:
+        bob = client(broker, "bob")
+        try:
+            assert cmd(bob, "COUNT TOPIC /*")[0].startswith("200")  # caches loaded now
+            assert cmd(bob, "SUB MESSAGE /elsewhere")[-1].startswith("404")
+            made = "from topics.models import Topic\nTopic.objects.create(path='/elsewhere')"
+            broker.manage("shell", "--no-imports", "-c", made)
+            # It exists now, but bob may not see it (404, never a 401 that would tell).
+            assert cmd(bob, "SUB MESSAGE /elsewhere")[-1].startswith("404")
+            broker.manage("grant", "bob", "/elsewhere", "subscribe")
+            assert cmd(bob, "SUB MESSAGE /elsewhere") == ["200-OK", "200 /elsewhere"]
+            # Known now to the whole listener, its storage process too: a PUB reaches bob.
+            root = client(broker)
+            try:
+                root.send(b"PUB MESSAGE /elsewhere E1\r\n\r\nContent-Type: text/plain\r\n"
+                          b"Content-Length: 1\r\n\r\nx\r\n.\r\n")
+                assert read_reply(root)[-1].startswith("200 E1 ")
+            finally:
+                root.close()
+            assert bob.read_line() == b"NOTIFY MESSAGE /elsewhere\r\n"
+        finally:
+            bob.close()

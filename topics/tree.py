@@ -20,7 +20,7 @@ from django.db import transaction
 from broker import generations
 
 GENERATION_KEY = "topics:generation"
-POLL_SECONDS = 0.5
+POLL_SECONDS = settings.SMQP_CACHE_POLL_SECONDS
 
 
 @dataclass(eq=False)
@@ -162,6 +162,21 @@ def tree() -> TopicTree:
             _checked_at = now
             _tree = _load()
         return _tree
+
+
+def recheck() -> bool:
+    """Read the shared generation now (not a poll interval later): True when another
+    process changed topics since this one loaded its tree, which is then loaded again on
+    its next use. For an answer that says a topic does not exist: checked before it is
+    given, it holds even for a topic made a moment ago elsewhere."""
+    global _local_generation
+    shared = _shared_generation()
+    with _lock:
+        if _tree is None or shared == _loaded_shared:
+            return False
+        # Stale: tree() loads it again, and a storage process follows (local_generation).
+        _local_generation += 1
+        return True
 
 
 def changed() -> None:

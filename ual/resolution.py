@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
@@ -158,7 +159,7 @@ logger = logging.getLogger("ual")
 GENERATION_KEY = "ual:generation"
 # How often a process asks the shared cache whether anything changed. A change is seen
 # everywhere at most this long (plus one round trip) after its transaction committed.
-GENERATION_POLL_SECONDS = 0.5
+GENERATION_POLL_SECONDS = settings.SMQP_CACHE_POLL_SECONDS
 
 # The clock is a module attribute so that tests can drive the poll interval.
 _clock: Callable[[], float] = time.monotonic
@@ -226,6 +227,14 @@ class _SnapshotCache:
                 snapshot = self.snapshots.setdefault(account_id, snapshot)
         return snapshot
 
+    def recheck(self) -> bool:
+        """Read the generation now, whatever the poll interval: True when it changed (the
+        snapshots are dropped)."""
+        with self.lock:
+            known = self.generation
+            self.checked_at = float("-inf")
+        return self.poll() != known
+
     def invalidate(self) -> None:
         """Forget every snapshot now and read the generation again on the next use."""
         with self.lock:
@@ -289,6 +298,14 @@ def current_generation() -> int:
     was made in stays valid while this returns the same number. While the shared cache is
     unreachable every call returns a new (negative) number, so nothing is remembered."""
     return _cache.poll()
+
+
+def recheck() -> bool:
+    """Read the shared generation now (not a poll interval later): True when UAL decisions
+    may have changed elsewhere since this process's snapshots were made (they are dropped).
+    For a refusal: checked before it is given, it holds even for a right granted a moment
+    ago in another process."""
+    return _cache.recheck()
 
 
 def local_epoch() -> int:

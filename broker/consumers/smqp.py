@@ -48,10 +48,19 @@ from broker.smqp.replies import (
     serialize_reply,
 )
 from broker.smqp.values import format_datetime, format_keywords, format_smuid_ranges, format_timeout
+from topics import tree as topic_tree
+from ual import resolution as ual_resolution
 from ual.resolution import snapshot_for
 
 logger = logging.getLogger("broker.smqp")
 
+# Answers that refuse a command for a topic or a right this process may not know of yet,
+# and the commands answered again from fresh caches before such a refusal is given (each
+# changes nothing before its service call decides).
+REFUSALS = (401, 404)
+RECHECKED = (c.Count, c.ListTopic, c.ListMessage, c.CreateTopic, c.RemoveTopic,
+             c.SetTopicName, c.SetTopicKeywords, c.FindTopic, c.Republish, c.Subscribe,
+             c.Unsubscribe, c.GetMessage, c.GetTopicKeywords)
 # Commands a client may send before it has logged in.
 BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit, c.RawLine)
 # Topic notifications kept for a session while it has notifications suspended.
@@ -276,7 +285,16 @@ class SMQPConsumer(AsyncConsumer):
             self.reply(501, "Not implemented")
             return
         try:
-            await handler(command)
+            try:
+                await handler(command)
+            except ServiceError as exc:
+                if (exc.code not in REFUSALS or not isinstance(command, RECHECKED)
+                        or not await dbthread.run(_caches_were_stale)):
+                    raise
+                # The topic or the right may be a moment old, made by another process (the
+                # admin, another listener), which this one hears of a poll later: a refusal
+                # (nothing done) is answered from fresh caches only.
+                await handler(command)
         except ServiceError as exc:
             self.reply(exc.code, exc.text)
         except ProtocolError as exc:
@@ -843,6 +861,13 @@ class SMQPConsumer(AsyncConsumer):
             await writer.drain()
         except (ConnectionError, OSError):
             self._close_notify_channel()
+
+
+def _caches_were_stale() -> bool:
+    """Had the topic tree or the access snapshots of this process missed a change made
+    elsewhere (read now, not at the next poll)? Both are checked."""
+    trees = topic_tree.recheck()
+    return ual_resolution.recheck() or trees
 
 
 def _log_failure(task: asyncio.Task) -> None:
