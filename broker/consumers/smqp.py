@@ -54,6 +54,8 @@ from ual.resolution import snapshot_for
 
 logger = logging.getLogger("broker.smqp")
 
+# Publishes a session parses in one go before other sessions get a turn (see _process).
+PUBLISHES_PER_TURN = 32
 # Answers that refuse a command for a topic or a right this process may not know of yet,
 # and the commands answered again from fresh caches before such a refusal is given (each
 # changes nothing before its service call decides).
@@ -251,6 +253,7 @@ class SMQPConsumer(AsyncConsumer):
 
     async def _process(self) -> None:
         codec = self.codec
+        started = 0
         while not self.closing:
             event = codec.next_event()
             if event is NEED_DATA:
@@ -264,6 +267,12 @@ class SMQPConsumer(AsyncConsumer):
                 continue
             if isinstance(event, c.Publish) and self.account is not None:
                 self._start_publish(event)
+                started += 1
+                if started % PUBLISHES_PER_TURN == 0:
+                    # A chunk of a publisher's stream may hold hundreds of messages: parsing
+                    # them all in one go would hold every other session's turn (a
+                    # subscriber's 310 ACK, and so its next NOTIFY) for milliseconds.
+                    await asyncio.sleep(0)
                 continue
             await self._settle()
             await self._dispatch(event)
