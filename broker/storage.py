@@ -275,21 +275,31 @@ class Storage:
         (``publish_commit``). So one lane builds a batch while the other commits one, and
         batches still commit in the order they were sent. They also begin in that order,
         one at a time: each takes its smuids from the sequence as it begins, so smuids grow
-        in publish order, and a reader never sees a batch without the one before it."""
+        in publish order, and a reader never sees a batch without the one before it.
+
+        A small batch (fewer than SECOND_LANE_MIN publishes: no large one comes behind it,
+        see publish_window) goes in one call, begun and committed, with no round trip
+        between: the next batch begins after it."""
         loop = asyncio.get_running_loop()
         mine: asyncio.Future[None] = loop.create_future()
+        whole = len(requests) < SECOND_LANE_MIN
         async with self._opening:
             previous, self._last_commit = self._last_commit, mine
             lane = self._idle_publishers.pop(0)
             try:
+                if whole:
+                    await _committed(previous)
+                    return await lane.call("publish_batch", requests)
                 results = await lane.call("publish_begin", requests)
             except BaseException:
-                self._idle_publishers.append(lane)
-                _settle(mine)
+                whole = True
                 raise
+            finally:
+                if whole:
+                    self._idle_publishers.append(lane)
+                    _settle(mine)
         try:
-            if previous is not None:
-                await asyncio.shield(previous)
+            await _committed(previous)
             await lane.call("publish_commit")
         finally:
             self._idle_publishers.append(lane)
@@ -312,6 +322,12 @@ class Storage:
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+async def _committed(previous: asyncio.Future[None] | None) -> None:
+    """Returns once the batch sent before has committed or failed."""
+    if previous is not None:
+        await asyncio.shield(previous)
 
 
 def enabled() -> bool:

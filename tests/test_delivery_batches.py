@@ -67,6 +67,12 @@ class FakeLane:
         self.fail: set[str] = set()
 
     async def call(self, name: str, *args):
+        if name == "publish_batch":  # a small batch, begun and committed in one call
+            batch = args[0][0]
+            self.log.append(f"whole {batch} on {self.name}")
+            await self.commit_may_go.setdefault(batch, asyncio.Event()).wait()
+            self.log.append(f"committed {batch}")
+            return [f"result {batch}"]
         if name == "publish_begin":
             batch = args[0][0]
             self.current = batch
@@ -85,6 +91,13 @@ class FakeLane:
         if f"commit {batch}" in self.fail:
             raise RuntimeError("commit failed")
         return None
+
+
+@pytest.fixture(autouse=True)
+def _every_batch_held(monkeypatch, request):
+    """The held-lane tests send one-publish batches standing for large ones."""
+    if "small" not in request.node.name:
+        monkeypatch.setattr(storage, "SECOND_LANE_MIN", 1)
 
 
 def held_storage(log: list[str]) -> storage.Storage:
@@ -152,3 +165,23 @@ async def test_a_failed_batch_does_not_hold_the_next_one_back(failing):
         await first
     assert await second == ["result 2"]
     assert sorted(lane.name for lane in held._idle_publishers) == ["a", "b"]
+
+
+async def test_a_small_batch_goes_in_one_call_after_the_held_one_before_it_committed():
+    """Fewer than SECOND_LANE_MIN publishes: begun and committed in one call (no round trip
+    between), once the batch before it committed; the next begins after it."""
+    log: list[str] = []
+    held = held_storage(log)
+    big = [f"big{i}" for i in range(storage.SECOND_LANE_MIN)]
+    first = asyncio.ensure_future(held._publish_held(big))
+    small = asyncio.ensure_future(held._publish_held(["small"]))
+    after = asyncio.ensure_future(held._publish_held(["after"]))
+    await asyncio.sleep(0.01)
+    assert log == ["begin big0 on a", "began big0"]  # the small one waits for its COMMIT
+    await release(held, "big0")
+    await release(held, "small")
+    await release(held, "after")
+    assert log == ["begin big0 on a", "began big0", "commit big0", "whole small on b",
+                   "committed small", "whole after on a", "committed after"]
+    assert await first == ["result big0"] and await small == ["result small"]
+    assert await after == ["result after"]
