@@ -365,6 +365,7 @@ def _publish_batch(requests: list) -> list:
     back: the listener has them (the request's) and puts them in again."""
     from broker.services.messages import publish_batch
 
+    _abandon_held()
     return _without_sections(publish_batch(requests))
 
 

@@ -296,6 +296,10 @@ held = publish_batch_held(requests("d1"))
 next(held)
 held.close()
 out["after_close"] = stored()
+# A whole batch (begun and committed in one call) after one held: that one is rolled back.
+storage._publish_begin(requests("e1"))
+storage._publish_batch(requests("f1"))
+out["after_whole"] = stored()
 print("RESULT " + json.dumps(out))
 """
 
@@ -313,6 +317,7 @@ def test_a_held_publish_batch_commits_when_told_and_only_then(database):
     assert out["after_abandon"] == ["a1", "a2", "c1"]
     assert "nothing committed" in out["commit_without_begin"]
     assert out["after_close"] == ["a1", "a2", "c1"]
+    assert out["after_whole"] == ["a1", "a2", "c1", "f1"]
 
 
 ACK_SCRIPT = r"""
