@@ -320,6 +320,80 @@ def test_a_held_publish_batch_commits_when_told_and_only_then(database):
     assert out["after_whole"] == ["a1", "a2", "c1", "f1"]
 
 
+RACE_SCRIPT = r"""
+import json
+import threading
+import time
+from django.db import connection, transaction
+from accounts.models import Account
+from broker.models import Delivery
+from broker.services import subscriptions
+from broker.services.messages import PublishRequest, publish_batch
+from broker.smqp.message import DataSection
+from broker.smqp.message import Message as Wire
+from broker.smqp.values import parse_topic_pattern
+from topics.models import Topic
+from ual.models import UALEntry
+from ual.resolution import snapshot_for
+
+root = Account.objects.create(username="root", is_superuser=True)
+bob = Account.objects.create(username="bob")
+topic = Topic.objects.create(path="/race")
+UALEntry.objects.create(topic=topic, principal_kind="account", account=bob, right="subscribe")
+subscribing, may_commit, published = threading.Event(), threading.Event(), threading.Event()
+out = {}
+
+def subscribe():
+    try:
+        with transaction.atomic():  # the SUB's transaction, held open a moment
+            subscriptions.subscribe(snapshot_for(bob), "MESSAGE", parse_topic_pattern("/race"))
+            subscribing.set()
+            may_commit.wait(20)
+    finally:
+        connection.close()
+
+def publish():
+    try:
+        [result] = publish_batch([PublishRequest(
+            root.pk, "g", "MESSAGE", "/race", "r1",
+            Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))])
+        out["smuid"] = result.smuid
+        out["accounts"] = result.accounts
+        published.set()
+    finally:
+        connection.close()
+
+s = threading.Thread(target=subscribe)
+s.start()
+assert subscribing.wait(20)
+p = threading.Thread(target=publish)
+p.start()
+time.sleep(0.5)
+out["published_before_the_sub_committed"] = published.is_set()
+may_commit.set()
+s.join(20)
+p.join(20)
+out["delivery"] = Delivery.objects.filter(account=bob, message_id=out["smuid"]).exists()
+out["bob"] = bob.pk
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_publish_and_a_subscription_made_at_once_never_miss_each_other(database):
+    """A SUB MESSAGE whose transaction is still open while a PUB to its topic runs: the
+    publish waits for it (PostgreSQL: advisory topic locks, shared for publishes, exclusive
+    for a new subscription's backlog; SQLite: its one writer) and then delivers to the new
+    subscriber. Without the locks, on PostgreSQL (READ COMMITTED), the publish read the
+    subscriptions before the SUB committed and the SUB read the messages before the
+    publish committed: the message reached neither."""
+    result = run_manage(database, "shell", "--no-imports", "-c", RACE_SCRIPT)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out["published_before_the_sub_committed"] is False
+    assert out["accounts"] == [out["bob"]]
+    assert out["delivery"] is True
+
+
 ACK_SCRIPT = r"""
 import json
 from django.utils import timezone

@@ -48,6 +48,7 @@ from .rows import (
     db_json,
     from_db_datetime,
     hot_transaction,
+    lock_topics,
     placeholder,
     query,
     raw_cursor,
@@ -375,6 +376,7 @@ def publish_batch_held(
     with hot_transaction():
         prepared = _apply_queue_limits(prepared, results)
         topics = {t.pk: t for _, t, _ in prepared}
+        lock_topics(topics, exclusive=False)  # a subscription being made: see lock_topics
         # Both questions go out before either answer is read: one round trip on PostgreSQL.
         subscribers = _subscribers(list(topics.values()), now)
         smuids = _MESSAGES.reserve_pks(len(prepared))
@@ -822,6 +824,8 @@ def subscribe_backlog(account_id: int, topics: list[Topic | Node],
     for topic in topics:
         target = topic.resolved()
         by_mode[target.delivery_mode == Topic.DeliveryMode.QUEUE].add(target.pk)
+    # A publish batch under way on these topics commits first, or sees this subscription.
+    lock_topics(by_mode[False] | by_mode[True], exclusive=True)
     ph = placeholder()
     deliveries, messages = Delivery._meta.db_table, Message._meta.db_table
     added = 0

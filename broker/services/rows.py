@@ -15,7 +15,7 @@ statements in pipeline mode.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing, contextmanager, nullcontext, suppress
 from datetime import UTC, datetime
 from typing import Any
@@ -208,6 +208,26 @@ def _atomic(wrapper: Any, relaxed: bool) -> Iterator[None]:
         if sqlite:
             with wrapper.cursor() as cursor:
                 cursor.execute(f"PRAGMA synchronous={settings.SMQP_SQLITE_SYNCHRONOUS}")
+
+
+#: The first key of the advisory locks :func:`lock_topics` takes ("SMQP").
+TOPIC_LOCK_SPACE = 0x534D5150
+
+
+def lock_topics(topic_ids: Iterable[int], *, exclusive: bool) -> None:
+    """PostgreSQL: advisory locks on topics until the transaction ends, in ascending order
+    (no deadlock between two takers). A publish batch takes them shared before it reads the
+    subscriptions of its topics, a MESSAGE subscription exclusive before it reads their
+    messages, so that, under READ COMMITTED, one of the two always sees the other: without
+    them a subscription committed while a publish ran could miss the message both ways.
+    Nothing on SQLite, whose writers take turns."""
+    ids = sorted(set(topic_ids))
+    if vendor() != "postgresql" or not ids:
+        return
+    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    with server_cursor() as cursor:
+        cursor.execute(f"SELECT {function}({TOPIC_LOCK_SPACE}, (t %% 2147483647)::int4) "
+                       f"FROM unnest(%s::bigint[]) AS u(t)", [ids])
 
 
 class Table:
