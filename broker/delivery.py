@@ -83,7 +83,7 @@ ACK_RETRY_MAX = 2.0
 # of one each. A single ACK after a quiet spell goes at once. What waits meanwhile is only
 # what the database learns later: the message's timeout and its receipt start this much
 # later at worst.
-ACK_GATHER_SECONDS = 0.01
+ACK_GATHER_SECONDS = 0.05
 # Longest a backlog read waits for the journaled ACKs to reach the database (caught_up()).
 CATCH_UP_SECONDS = 5.0
 # How long an ACK by a session of this process keeps the message from being offered to its
