@@ -264,15 +264,10 @@ class Table:
             with raw_cursor() as cursor:
                 cursor.executemany(self._insert_sql(with_pk), rows)
             return
-        # PostgreSQL: one statement however many rows, one array per column, in binary
-        # (psycopg dumps those in C): no SQL text built per row, one plan. Per-row executes
+        # PostgreSQL: one statement however many rows, one array per column, in binary:
+        # no SQL text built per row, one plan. Per-row executes
         # cost the server a statement each, and psycopg a formatted query text each.
-        wrapper = connections[DEFAULT_DB_ALIAS]
-        wrapper.ensure_connection()
-        # Prepared after a few runs where the connection prepares (broker.storage).
-        with closing(psycopg.Cursor(wrapper.connection)) as cursor:
-            cursor.execute(self._unnest_sql(with_pk),
-                           [list(column) for column in zip(*rows, strict=True)])
+        _execute_over_arrays(self._unnest_sql(with_pk), [rows])
 
     def _unnest_sql(self, with_pk: bool) -> str:
         key = ("unnest", with_pk)
@@ -373,13 +368,18 @@ class Inserts:
                 sql = _GROUPED[key] = "WITH " + ", ".join(
                     f"p{i} AS ({clause})" for i, clause in enumerate(clauses[:-1])
                 ) + " " + clauses[-1]
-            params = [list(column) for _, rows, _ in parts
-                      for column in zip(*rows, strict=True)]
-            wrapper = connections[DEFAULT_DB_ALIAS]
-            wrapper.ensure_connection()
-            # Prepared after a few runs where the connection prepares (broker.storage).
-            with closing(psycopg.Cursor(wrapper.connection)) as cursor:
-                cursor.execute(sql, params)
+            _execute_over_arrays(sql, [rows for _, rows, _ in parts])
+
+
+def _execute_over_arrays(sql: str, row_sets: Sequence[Sequence[tuple]]) -> None:
+    """PostgreSQL: run ``sql`` with one array parameter per column of each row set, in
+    order, with server-side binding (prepared after a few runs where the connection
+    prepares: broker.storage)."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    wrapper.ensure_connection()
+    with closing(psycopg.Cursor(wrapper.connection)) as cursor:
+        cursor.execute(sql, [list(column) for rows in row_sets
+                             for column in zip(*rows, strict=True)])
 
 
 #: :meth:`Inserts.run`'s statements, by the tables (and keys) of their parts.
