@@ -49,7 +49,9 @@ class Message(models.Model):
     timeout = models.IntegerField(
         null=True, blank=True, help_text="Seconds kept after delivery; -1: a state message."
     )
-    expires = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Indexed (partial, below) only once set: a waiting message has none until its timeout
+    # starts, and pays for no index entry at publish.
+    expires = models.DateTimeField(null=True, blank=True)
     depth = models.IntegerField(default=0)
     sequence = models.PositiveBigIntegerField(null=True, blank=True)
     receipt = models.BooleanField(default=False)
@@ -73,6 +75,9 @@ class Message(models.Model):
                          condition=models.Q(trashed__isnull=False)),
             models.Index(fields=["in_reply_to"], name="message_in_reply_to",
                          condition=models.Q(in_reply_to__isnull=False)),
+            # The expiry sweep (expires <= now); nothing reads the messages without one.
+            models.Index(fields=["expires"], name="message_expires",
+                         condition=models.Q(expires__isnull=False)),
         ]
 
     def __str__(self) -> str:

@@ -445,3 +445,69 @@ def test_an_ack_batch_records_first_acks_once_and_starts_timeouts(database):
     assert out["unchanged"] == ["acked", 0, True]
     assert out["expires"] == [[held, True], [backlog, True], [other, False]]
     assert out["events"] == 4
+
+
+PLAN_SCRIPT = r"""
+import json
+from django.db import connection
+from django.utils import timezone
+from accounts.models import Account
+from broker.models import Delivery, Message
+from broker.services.messages import _finish_statements
+from topics.models import Topic
+
+bob = Account.objects.create(username="bob")
+topic = Topic.objects.create(path="/plans")
+now = timezone.now()
+Message.objects.bulk_create(
+    Message(topic=topic, cmuid=f"m{i}", created=now, timeout=60, state="trash", expires=now)
+    for i in range(5000))
+ids = list(Message.objects.order_by("pk").values_list("pk", flat=True))
+Delivery.objects.bulk_create(Delivery(account=bob, message_id=pk, state="acked") for pk in ids)
+with connection.cursor() as cursor:
+    # Statistics that say nothing waits and every message has its expiry; then the
+    # opposite becomes true (a queue table's life: all trashed, then a burst arrives).
+    cursor.execute("ANALYZE broker_message")
+    cursor.execute("ANALYZE broker_delivery")
+Message.objects.update(state="pending", expires=None)
+
+
+def scans(node, found):
+    if node.get("Relation Name") == "broker_message" and node["Node Type"].endswith("Scan"):
+        found.append((node["Node Type"], node.get("Index Name")))
+    for child in node.get("Plans", ()):
+        scans(child, found)
+    return found
+
+
+plans = []
+with connection.cursor() as cursor:
+    raw = cursor.cursor  # psycopg: server-side binding, each statement planned for its values
+    for sql, params in _finish_statements(ids[-50:], now):
+        raw.execute("EXPLAIN (FORMAT JSON) " + sql, params, prepare=False)
+        plan = raw.fetchone()[0]
+        plan = json.loads(plan) if isinstance(plan, str) else plan
+        plans.append(scans(plan[0]["Plan"], []))
+print("RESULT " + json.dumps(plans))
+"""
+
+
+@pytest.fixture
+def postgres_database(tmp_path):
+    with fresh_database("postgres", tmp_path) as env:
+        yield env
+
+
+def test_an_ack_batch_finds_its_messages_by_primary_key_whatever_the_statistics(
+        postgres_database):
+    """The two UPDATEs that finish an ACK batch (PostgreSQL) read the batch's messages by
+    their primary key even when the statistics say no message waits and every message has an
+    expiry: a plan made from such statistics read every waiting message through another index
+    instead (5-9 ms an ACK batch in the latency benchmark, instead of about 0.3)."""
+    result = run_manage(postgres_database, "shell", "--no-imports", "-c", PLAN_SCRIPT)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    plans = json.loads(line.removeprefix("RESULT "))
+    assert len(plans) == 2
+    for found in plans:
+        assert found, "the message table is not read at all?"
+        assert all(index == "broker_message_pkey" for _, index in found), found

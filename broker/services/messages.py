@@ -657,14 +657,21 @@ def finish_messages(message_ids: list[int], now: datetime) -> None:
 
 def _finish_statements(message_ids: list[int], now: datetime) -> list[Statement]:
     """:func:`finish_messages` on PostgreSQL: the same rule as two UPDATEs that read
-    nothing back."""
+    nothing back.
+
+    The batch's ids are the only condition on the message an index may serve: the others
+    are ``IS TRUE`` tests, which no index matches, so the plan reads these messages by their
+    primary key whatever the statistics say. With ``m.state = 'pending'`` as a plain
+    condition, statistics taken while few messages waited (or none: a young table, or no
+    autovacuum) made the planner read every waiting message through the topic index and
+    filter the ids out of them, 5-9 ms an ACK batch instead of about 0.3."""
     messages, deliveries = Message._meta.db_table, Delivery._meta.db_table
     acked, dead = Delivery.State.ACKED.value, Delivery.State.DEAD.value
     return [
         # Dead for someone and open for no one: to Trash.
         (
             f"UPDATE {messages} m SET state = %s, trashed = %s "
-            f"WHERE m.id = ANY(%s) AND m.state = %s "
+            f"WHERE m.id = ANY(%s) AND (m.state = %s) IS TRUE "
             f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
             f"AND d.state NOT IN (%s, %s)) "
             f"AND EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
@@ -675,7 +682,7 @@ def _finish_statements(message_ids: list[int], now: datetime) -> list[Statement]
         # ACKed by everyone: the timeout starts (none for a state message or no timeout).
         (
             f"UPDATE {messages} m SET expires = %s + m.timeout * interval '1 second' "
-            f"WHERE m.id = ANY(%s) AND m.expires IS NULL AND m.timeout >= 0 "
+            f"WHERE m.id = ANY(%s) AND (m.expires IS NULL AND m.timeout >= 0) IS TRUE "
             f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
             f"AND d.state <> %s)",
             [now, message_ids, acked],
