@@ -84,6 +84,15 @@ ACK_RETRY_MAX = 2.0
 # what the database learns later: the message's timeout and its receipt start this much
 # later at worst.
 ACK_GATHER_SECONDS = 0.05
+# A publish batch smaller than LINGER_BATCH waits for company (SMQP_PUBLISH_LINGER_MS at
+# most) only while publishes arrive faster than LINGER_RATE a second, measured over
+# LINGER_WINDOW seconds: then a few milliseconds gather a batch worth its transaction. Below
+# that rate they would gather a handful, and the wait would be latency for nothing; a
+# publish after a quiet spell goes at once. Measured (SQLite, e2e benchmark): batches of 26
+# instead of 10, the storage process's CPU 46% instead of 60%, e2e +8%.
+LINGER_BATCH = 32
+LINGER_RATE = 2000.0
+LINGER_WINDOW = 0.25
 # Longest a backlog read waits for the journaled ACKs to reach the database (caught_up()).
 CATCH_UP_SECONDS = 5.0
 # How long an ACK by a session of this process keeps the message from being offered to its
@@ -101,11 +110,46 @@ class Session(Protocol):
     def offer(self, priority: int, smuid: int) -> None: ...
 
 
+class PublishLinger:
+    """When the next publish batch goes: at once, or after waiting for more publishes to
+    join it (see LINGER_BATCH). No I/O: the dispatcher tells it of every publish
+    (:meth:`arrived`) and asks before sending a batch (:meth:`hold`)."""
+
+    def __init__(self, seconds: float, batch: int = LINGER_BATCH, rate: float = LINGER_RATE,
+                 window: float = LINGER_WINDOW) -> None:
+        self.seconds = seconds
+        self.batch = batch
+        self.rate = rate
+        self.window = window
+        self._since = -math.inf  # start of the current measuring window
+        self._count = 0  # publishes in it
+        self._measured = 0.0  # publishes a second over the last whole window
+
+    def arrived(self, now: float) -> None:
+        elapsed = now - self._since
+        if elapsed >= self.window:
+            # A whole window (or a quiet spell, which brings the rate down with it) is over.
+            self._measured = self._count / elapsed
+            self._since, self._count = now, 0
+        self._count += 1
+
+    def hold(self, queued: int, oldest: float, now: float) -> float:
+        """Seconds the ``queued`` publishes (the first of them queued at ``oldest``) should
+        still wait before they go as a batch; 0: now."""
+        if (not self.seconds or queued >= self.batch or self._measured < self.rate
+                or now - self._since > 2 * self.window):  # the stream has stopped
+            return 0.0
+        return max(0.0, oldest + self.seconds - now)
+
+
 class Dispatcher:
     def __init__(self) -> None:
         self.origin = uuid.uuid4().hex
         self.sessions: dict[int, set[Session]] = defaultdict(set)
         self._publishes: list[tuple[PublishRequest, asyncio.Future]] = []
+        self._publish_times: deque[float] = deque()  # when each of them was queued
+        self._linger = PublishLinger(settings.SMQP_PUBLISH_LINGER_MS / 1000)
+        self._linger_timer: asyncio.TimerHandle | None = None
         # ACKs for the next batch, each with the future its session awaits (None: journaled).
         self._acks: list[tuple[AckRequest, asyncio.Future | None]] = []
         self.journal = journal.AckJournal(journal.directory()) if settings.SMQP_ACK_JOURNAL \
@@ -186,8 +230,12 @@ class Dispatcher:
     def publish(self, request: PublishRequest) -> asyncio.Future[Published]:
         """Queue for the next group commit; the future is done once the message is committed
         (a plain future: a session with many publishes in flight keeps no task for each)."""
-        future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Published] = loop.create_future()
+        now = loop.time()
+        self._linger.arrived(now)
         self._publishes.append((request, future))
+        self._publish_times.append(now)
         self._publish_work.set()
         return future
 
@@ -288,6 +336,15 @@ class Dispatcher:
             await self._publish_work.wait()
             self._publish_work.clear()
             while self._publishes and _may_send(in_flight, len(self._publishes), window):
+                wait = self._linger.hold(len(self._publishes), self._publish_times[0],
+                                         loop.time())
+                if wait:
+                    if self._linger_timer is None:
+                        self._linger_timer = loop.call_later(wait, self._lingered)
+                    break
+                if self._linger_timer is not None:  # it was for publishes going now
+                    self._linger_timer.cancel()
+                    self._linger_timer = None
                 # An ACK holds a subscriber's next NOTIFY back. Where ACKs share the database
                 # thread, publishes go in slices while subscribers ACK, so an ACK queued
                 # behind one waits for one slice at most.
@@ -295,11 +352,17 @@ class Dispatcher:
                 size = _batch_size(self._publishes, PUBLISH_SLICE if acking else MAX_BATCH)
                 publishes = self._publishes[:size]
                 del self._publishes[:size]
+                for _ in range(size):
+                    self._publish_times.popleft()
                 in_flight += 1
                 commit = asyncio.ensure_future(self._commit_publishes(publishes))
                 self._committing.add(commit)
                 commit.add_done_callback(self._committing.discard)
                 commit.add_done_callback(done)
+
+    def _lingered(self) -> None:
+        self._linger_timer = None
+        self._publish_work.set()
 
     async def _gather_acks(self, delay: float) -> None:
         """Let journaled ACKs gather for ``delay`` seconds (see ACK_GATHER_SECONDS), unless
@@ -622,6 +685,8 @@ class Dispatcher:
         await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
 
     def close(self) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
                      self._greeter, self._syncer, *self._committing):
             if task is not None:

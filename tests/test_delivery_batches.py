@@ -185,3 +185,81 @@ async def test_a_small_batch_goes_in_one_call_after_the_held_one_before_it_commi
                    "committed small", "whole after on a", "committed after"]
     assert await first == ["result big0"] and await small == ["result small"]
     assert await after == ["result after"]
+
+
+# ------------------------------------------------------------------ lingering (PublishLinger)
+
+
+def stream(linger: delivery.PublishLinger, rate: float, start: float, end: float) -> float:
+    """Publishes at ``rate`` a second from ``start`` to ``end``; returns the last one's time."""
+    t = start
+    while t < end:
+        linger.arrived(t)
+        t += 1 / rate
+    return t - 1 / rate
+
+
+def test_a_small_batch_waits_for_company_only_under_a_fast_stream():
+    linger = delivery.PublishLinger(0.004, batch=32, rate=2000, window=0.25)
+    # 1,000 publishes a second: each batch goes at once (the wait would gather a handful).
+    last = stream(linger, 1000, 0.0, 1.0)
+    assert linger.hold(1, last, last) == 0
+    # 4,000 a second: a batch of 5 waits until its first publish has waited 4 ms ...
+    last = stream(linger, 4000, 1.0, 2.0)
+    assert linger.hold(5, last - 0.001, last) == pytest.approx(0.003)
+    assert linger.hold(5, last - 0.004, last) == 0
+    # ... unless it is large enough already.
+    assert linger.hold(32, last, last) == 0
+    assert linger.hold(31, last, last) == pytest.approx(0.004)
+    # The stream stops: what is queued goes at once, and so does the first publish after a
+    # quiet spell (the quiet spell is in its rate).
+    assert linger.hold(3, last, last + 0.6) == 0
+    linger.arrived(last + 5.0)
+    assert linger.hold(1, last + 5.0, last + 5.0) == 0
+    # Lingering switched off (SMQP_PUBLISH_LINGER_MS=0).
+    off = delivery.PublishLinger(0, batch=32, rate=2000, window=0.25)
+    last = stream(off, 10_000, 0.0, 1.0)
+    assert off.hold(1, last, last) == 0
+
+
+class RecordingStorage:
+    """Stands in for the storage processes: commits every batch at once, records sizes."""
+
+    publish_window = (4, 2, 32)
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    async def publish_batch(self, requests: list) -> list:
+        self.batches.append(len(requests))
+        return [delivery.Published(i + 1, 7, "/t", 0, []) for i, _ in enumerate(requests)]
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_dispatcher_holds_a_small_batch_back_until_it_fills_or_its_time_is_up(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+    async def scenario() -> list[int]:
+        dispatcher = delivery.Dispatcher()
+        real, fake = dispatcher.storage, RecordingStorage()
+        dispatcher.storage = fake  # before the publish loop's first step reads its window
+        real.close()
+        # Every rate counts as a stream, and a held batch waits (all but) forever.
+        dispatcher._linger = delivery.PublishLinger(3600, batch=8, rate=0, window=3600)
+        try:
+            first = [dispatcher.publish(queued(10)[0][0]) for _ in range(3)]
+            await asyncio.sleep(0.05)
+            assert fake.batches == []  # held: three are not a batch worth its transaction
+            rest = [dispatcher.publish(queued(10)[0][0]) for _ in range(5)]
+            await asyncio.wait_for(asyncio.gather(*first, *rest), 5)
+            assert fake.batches == [8]  # the eighth made it worth sending: all together
+            # A held batch goes once its first publish has waited the linger time.
+            dispatcher._linger.seconds = 0.05
+            await asyncio.wait_for(dispatcher.publish(queued(10)[0][0]), 5)
+            return fake.batches
+        finally:
+            dispatcher.close()
+
+    assert asyncio.run(scenario()) == [8, 1]
