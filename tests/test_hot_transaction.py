@@ -352,11 +352,21 @@ def subscribe():
     finally:
         connection.close()
 
+# REPUBLISH brings a message back from Trash to the topic's subscribers: the same race.
+from django.utils import timezone
+from broker.models import Message
+from broker.services.messages import republish
+trashed = Message.objects.create(topic=topic, cmuid="old", created=timezone.now(),
+                                 state="trash", trashed=timezone.now())
+
 def publish():
     try:
-        [result] = publish_batch([PublishRequest(
-            root.pk, "g", "MESSAGE", "/race", "r1",
-            Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))])
+        if ACTION == "republish":
+            result = republish(snapshot_for(root), "/race/Trash", trashed.pk)
+        else:
+            [result] = publish_batch([PublishRequest(
+                root.pk, "g", "MESSAGE", "/race", "r1",
+                Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))])
         out["smuid"] = result.smuid
         out["accounts"] = result.accounts
         published.set()
@@ -379,14 +389,16 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_a_publish_and_a_subscription_made_at_once_never_miss_each_other(database):
-    """A SUB MESSAGE whose transaction is still open while a PUB to its topic runs: the
-    publish waits for it (PostgreSQL: advisory topic locks, shared for publishes, exclusive
-    for a new subscription's backlog; SQLite: its one writer) and then delivers to the new
-    subscriber. Without the locks, on PostgreSQL (READ COMMITTED), the publish read the
-    subscriptions before the SUB committed and the SUB read the messages before the
-    publish committed: the message reached neither."""
-    result = run_manage(database, "shell", "--no-imports", "-c", RACE_SCRIPT)
+@pytest.mark.parametrize("action", ["publish", "republish"])
+def test_a_publish_and_a_subscription_made_at_once_never_miss_each_other(database, action):
+    """A SUB MESSAGE whose transaction is still open while a PUB (or a REPUBLISH) to its
+    topic runs: the publish waits for it (PostgreSQL: advisory topic locks, shared for
+    publishes, exclusive for a new subscription's backlog; SQLite: its one writer) and then
+    delivers to the new subscriber. Without the locks, on PostgreSQL (READ COMMITTED), the
+    publish read the subscriptions before the SUB committed and the SUB read the messages
+    before the publish committed: the message reached neither."""
+    script = f"ACTION = {action!r}\n" + RACE_SCRIPT
+    result = run_manage(database, "shell", "--no-imports", "-c", script)
     line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line.removeprefix("RESULT "))
     assert out["published_before_the_sub_committed"] is False

@@ -696,13 +696,18 @@ def _send_receipts(message_ids: list[int], now: datetime) -> list[Published]:
     stored: list[Published] = []
     wanting = Message.objects.filter(pk__in=message_ids, receipt=True).select_related(
         "publisher", "topic")
+    due: list[tuple[Message, Topic]] = []
     for original in wanting:
         acked = Delivery.objects.filter(message=original, state=Delivery.State.ACKED).count()
         if acked != 1 or original.publisher is None:  # only the first ACK sends one
             continue
         target = Topic.objects.filter(account=original.publisher).first()
-        if target is None:
-            continue
+        if target is not None:
+            due.append((original, target))
+    # As a publish (see lock_topics), all at once: taken one by one, in no set order, they
+    # could deadlock with a subscription locking two of these topics.
+    lock_topics([target.pk for _, target in due], exclusive=False)
+    for original, target in due:
         host = settings.SMQP_SERVER_CONTEXT
         body = f"delivered {host}/{original.pk} on {original.topic.path}".encode()
         receipt = Message.objects.create(
@@ -910,6 +915,7 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
         raise ServiceError(406, "Not acceptable (message is not in Trash)")
     now = timezone.now()
     Delivery.objects.filter(message=message).delete()
+    lock_topics([real.pk], exclusive=False)  # as a publish: see lock_topics
     subs = _subscribers([real], now)().get(real.pk, [])
     allowed = _may_receive([a for a, _ in subs], real)
     Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
