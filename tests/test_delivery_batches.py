@@ -200,17 +200,27 @@ def stream(linger: delivery.PublishLinger, rate: float, start: float, end: float
 
 
 def test_a_small_batch_waits_for_company_only_under_a_fast_stream():
-    linger = delivery.PublishLinger(0.004, batch=32, rate=2000, window=0.25)
+    linger = delivery.PublishLinger(0.004, batch=32, rate=2000, window=0.25, gaps=2,
+                                    gap_min=0.0005)
     # 1,000 publishes a second: each batch goes at once (the wait would gather a handful).
     last = stream(linger, 1000, 0.0, 1.0)
     assert linger.hold(1, last, last) == 0
-    # 4,000 a second: a batch of 5 waits until its first publish has waited 4 ms ...
+    # 4,000 a second: a batch of 5 waits while publishes keep coming (up to 2 mean intervals
+    # after the latest, 0.5 ms) ...
     last = stream(linger, 4000, 1.0, 2.0)
-    assert linger.hold(5, last - 0.001, last) == pytest.approx(0.003)
-    assert linger.hold(5, last - 0.004, last) == 0
+    assert linger.hold(5, last - 0.001, last) == pytest.approx(0.0005, rel=0.02)
+    assert linger.hold(5, last - 0.001, last + 0.0002) == pytest.approx(0.0003, rel=0.02)
+    # ... until its first publish has waited 4 ms, however many more keep coming ...
+    linger.arrived(last + 0.0025)
+    assert linger.hold(5, last - 0.001, last + 0.0025) == pytest.approx(0.0005, rel=0.02)
+    linger.arrived(last + 0.0029)
+    assert linger.hold(5, last - 0.001, last + 0.0029) == pytest.approx(0.0001, rel=0.02)
+    last += 0.0029
+    # ... or no more came for over 0.5 ms (publishers that wait for their replies: all in) ...
+    assert linger.hold(5, last - 0.001, last + 0.0006) == 0
     # ... unless it is large enough already.
     assert linger.hold(32, last, last) == 0
-    assert linger.hold(31, last, last) == pytest.approx(0.004)
+    assert linger.hold(31, last, last) == pytest.approx(0.0005, rel=0.02)
     # The stream stops: what is queued goes at once, and so does the first publish after a
     # quiet spell (the quiet spell is in its rate).
     assert linger.hold(3, last, last + 0.6) == 0
@@ -247,7 +257,8 @@ def test_the_dispatcher_holds_a_small_batch_back_until_it_fills_or_its_time_is_u
         dispatcher.storage = fake  # before the publish loop's first step reads its window
         real.close()
         # Every rate counts as a stream, and a held batch waits (all but) forever.
-        dispatcher._linger = delivery.PublishLinger(3600, batch=8, rate=0, window=3600)
+        dispatcher._linger = delivery.PublishLinger(3600, batch=8, rate=0, window=3600,
+                                                    gap_min=3600)
         try:
             first = [dispatcher.publish(queued(10)[0][0]) for _ in range(3)]
             await asyncio.sleep(0.05)
