@@ -132,8 +132,8 @@ SMQP_ACK_JOURNAL = env_bool("SMQP_ACK_JOURNAL", True)
 SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
 # Under a stream of publishes (over LINGER_RATE a second, broker/delivery.py) a publish
 # batch smaller than LINGER_BATCH waits up to this many milliseconds for more to join it:
-# fewer, larger transactions (each costs the storage process about half a millisecond of
-# CPU whatever its size), for at most this much more latency. 0: a batch goes at once.
+# fewer, larger transactions (each costs the storage process half a millisecond of CPU or
+# more, whatever its size), for at most this much more latency. 0: a batch goes at once.
 SMQP_PUBLISH_LINGER_MS = env_int("SMQP_PUBLISH_LINGER_MS", 4)
 # PostgreSQL: the storage processes' connections prepare the statements they run again and
 # again (broker/storage.py). Off behind a pooler that cannot keep prepared statements
