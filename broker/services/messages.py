@@ -656,8 +656,12 @@ def finish_messages(message_ids: list[int], now: datetime) -> None:
 
 
 def _finish_statements(message_ids: list[int], now: datetime) -> list[Statement]:
-    """:func:`finish_messages` on PostgreSQL: the same rule as two UPDATEs that read
-    nothing back.
+    """:func:`finish_messages` on PostgreSQL: the same rule as one UPDATE that reads nothing
+    back. Each message's deliveries are looked at once (open: neither ACKed nor dead; dead),
+    then a message open for no one goes to Trash if it is dead for someone (and still
+    waiting), else its timeout starts (none for a state message or no timeout). Two UPDATEs,
+    one for each case, looked at the deliveries twice: the Trash one, which almost never
+    changes a row, cost PostgreSQL 5% of its time in the e2e benchmark.
 
     The batch's ids are the only condition on the message an index may serve: the others
     are ``IS TRUE`` tests, which no index matches, so the plan reads these messages by their
@@ -667,27 +671,26 @@ def _finish_statements(message_ids: list[int], now: datetime) -> list[Statement]
     filter the ids out of them, 5-9 ms an ACK batch instead of about 0.3."""
     messages, deliveries = Message._meta.db_table, Delivery._meta.db_table
     acked, dead = Delivery.State.ACKED.value, Delivery.State.DEAD.value
-    return [
-        # Dead for someone and open for no one: to Trash.
-        (
-            f"UPDATE {messages} m SET state = %s, trashed = %s "
-            f"WHERE m.id = ANY(%s) AND (m.state = %s) IS TRUE "
-            f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
-            f"AND d.state NOT IN (%s, %s)) "
-            f"AND EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
-            f"AND d.state = %s)",
-            [Message.State.TRASH.value, now, message_ids, Message.State.PENDING.value,
-             acked, dead, dead],
-        ),
-        # ACKed by everyone: the timeout starts (none for a state message or no timeout).
-        (
-            f"UPDATE {messages} m SET expires = %s + m.timeout * interval '1 second' "
-            f"WHERE m.id = ANY(%s) AND (m.expires IS NULL AND m.timeout >= 0) IS TRUE "
-            f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.message_id = m.id "
-            f"AND d.state <> %s)",
-            [now, message_ids, acked],
-        ),
-    ]
+    return [(
+        f"UPDATE {messages} m "
+        f"SET state = CASE WHEN f.dead THEN %s ELSE m.state END, "
+        f"trashed = CASE WHEN f.dead THEN %s ELSE m.trashed END, "
+        f"expires = CASE WHEN f.dead THEN m.expires "
+        f"ELSE %s + m.timeout * interval '1 second' END "
+        # LATERAL: the deliveries of each message found by their index, one message after
+        # another, whatever the statistics say (a join grouped afterwards was planned as a
+        # scan of every delivery while the table was young). None at all: neither open nor
+        # dead.
+        f"FROM unnest(%s::bigint[]) AS u(id) CROSS JOIN LATERAL ("
+        f"SELECT bool_or(d.state = %s) IS TRUE AS dead, "
+        f"bool_or(d.state NOT IN (%s, %s)) IS TRUE AS open "
+        f"FROM {deliveries} d WHERE d.message_id = u.id) f "
+        f"WHERE m.id = ANY(%s) AND m.id = u.id AND NOT f.open "
+        f"AND CASE WHEN f.dead THEN (m.state = %s) IS TRUE "
+        f"ELSE (m.expires IS NULL AND m.timeout >= 0) IS TRUE END",
+        [Message.State.TRASH.value, now, now, message_ids, dead, acked, dead, message_ids,
+         Message.State.PENDING.value],
+    )]
 
 
 def _send_receipts(message_ids: list[int], now: datetime) -> list[Published]:
