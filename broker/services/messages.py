@@ -541,7 +541,7 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     relaxed = settings.SMQP_ACK_DURABILITY != "full"
     receipts = any(ack.receipt for ack in acks)
     if vendor() == "postgresql" and not receipts:
-        # Nothing to read back: one pipeline of four statements whatever the batch's size
+        # Nothing to read back: one pipeline of three statements whatever the batch's size
         # (one upsert per ACK, parsed and planned each, was most of the server's work).
         with hot_transaction(relaxed=relaxed):
             _upsert_acked(acks, now)
