@@ -90,6 +90,14 @@ print("RESULT " + json.dumps(out))
 """
 
 
+def shell_result(env: dict[str, str], script: str):
+    """Run ``script`` in a ``manage.py shell`` of its own; what it printed after ``RESULT``
+    (JSON)."""
+    result = run_manage(env, "shell", "--no-imports", "-c", script)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def database(request, tmp_path):
     with fresh_database(request.param, tmp_path) as env:
@@ -97,9 +105,7 @@ def database(request, tmp_path):
 
 
 def test_hot_transaction_commits_rolls_back_and_runs_hooks_after_commit(database):
-    result = run_manage(database, "shell", "--no-imports", "-c", SCRIPT)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = shell_result(database, SCRIPT)
     assert out["hooks_inside"] == []
     assert out["read_later"] == ["one"]
     assert out["hooks_after"] == [["committed", 2]]
@@ -164,9 +170,7 @@ def test_table_inserts_write_what_the_orm_reads_back(database):
     """:class:`rows.Table` (PostgreSQL: one unnest INSERT per batch, binary arrays; SQLite:
     executemany) stores NULL-only columns, JSON, bytes and datetimes as the ORM reads them,
     with keys ascending in row order."""
-    result = run_manage(database, "shell", "--no-imports", "-c", INSERT_SCRIPT)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = shell_result(database, INSERT_SCRIPT)
     pks = out["pks"]
     assert pks == sorted(pks) and len(set(pks)) == 4
     when = "2026-11-22T12:30:15.123456+00:00"
@@ -242,9 +246,7 @@ def test_grouped_inserts_commit_together_or_not_at_all(database):
     """:class:`rows.Inserts` (PostgreSQL: one statement of data-modifying WITH clauses,
     prepared; SQLite: an executemany per part): the parts of a batch are stored together in
     any order, and a part that breaks a foreign key takes the whole transaction back."""
-    result = run_manage(database, "shell", "--no-imports", "-c", GROUP_SCRIPT)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = shell_result(database, GROUP_SCRIPT)
     stored = [pk for pks in out["batches"] for pk in pks]
     assert [len(pks) for pks in out["batches"]] == [1, 3, 1]
     assert out["orphan"] == "IntegrityError"
@@ -308,9 +310,7 @@ def test_a_held_publish_batch_commits_when_told_and_only_then(database):
     """The storage process's ``publish_begin`` / ``publish_commit`` (PostgreSQL's two
     publish lanes): the batch is stored at the commit; one held and never committed is
     rolled back when the next begins; a commit with nothing held fails."""
-    result = run_manage(database, "shell", "--no-imports", "-c", HELD_SCRIPT)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = shell_result(database, HELD_SCRIPT)
     assert out["smuids"] == sorted(out["smuids"]) and len(set(out["smuids"])) == 2
     assert out["headers_only"] is True
     assert out["after_commit"] == ["a1", "a2"]
@@ -398,9 +398,7 @@ def test_a_publish_and_a_subscription_made_at_once_never_miss_each_other(databas
     publish read the subscriptions before the SUB committed and the SUB read the messages
     before the publish committed: the message reached neither."""
     script = f"ACTION = {action!r}\n" + RACE_SCRIPT
-    result = run_manage(database, "shell", "--no-imports", "-c", script)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = shell_result(database, script)
     assert out["published_before_the_sub_committed"] is False
     assert out["accounts"] == [out["bob"]]
     assert out["delivery"] is True
@@ -447,9 +445,7 @@ def test_an_ack_batch_records_first_acks_once_and_starts_timeouts(database):
     ACKed twice in one batch is recorded once, a message with no delivery row gets one (with
     the first ACK's attempt count), a later ACK changes nothing, and the timeout starts for the
     messages every subscriber has ACKed."""
-    result = run_manage(database, "shell", "--no-imports", "-c", ACK_SCRIPT)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = shell_result(database, ACK_SCRIPT)
     held, backlog, other = out["ids"]
     # A row that existed keeps its attempt count (the retries' count); a new one is made
     # with the first ACK's.
@@ -519,9 +515,7 @@ def test_an_ack_batch_finds_its_messages_by_primary_key_whatever_the_statistics(
     every waiting message through another index instead (5-9 ms an ACK batch in the latency
     benchmark, instead of about 0.3), and a join of the deliveries grouped afterwards read
     them all."""
-    result = run_manage(postgres_database, "shell", "--no-imports", "-c", PLAN_SCRIPT)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    plans = json.loads(line.removeprefix("RESULT "))
+    plans = shell_result(postgres_database, PLAN_SCRIPT)
     assert len(plans) == 1  # one UPDATE finishes the batch
     for found in plans:
         messages = [index for table, _, index in found if table == "broker_message"]
@@ -585,9 +579,7 @@ def test_an_ack_batch_finishes_each_message_by_the_same_rule_on_both_backends(da
     someone: to Trash (if still waiting); ACKed by everyone (or no delivery at all): the
     timeout starts, unless it has, or there is none (a state message, no timeout); open for
     someone: nothing yet."""
-    result = run_manage(database, "shell", "--no-imports", "-c", FINISH_SCRIPT)
-    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = shell_result(database, FINISH_SCRIPT)
     assert out == {
         "acked": ["pending", 60, None],
         "open": ["pending", None, None],
