@@ -612,9 +612,10 @@ def _execute_all(statements: list[Statement]) -> None:
     """PostgreSQL: run statements with server-side binding, each planned for its values,
     never prepared (where the storage processes prepare: broker.storage). A statement that
     finds rows may get a generic plan that reads far more of them than the plan made for
-    its arrays, while the tables' statistics are young and they grow: prepared, the trash
-    UPDATE of an ACK batch (``m.id = ANY($n)`` among other conditions) took 5.3 ms a batch
-    instead of 0.4 in the latency scenario, the ACK upsert (a join) 1.2 ms instead of 0.5.
+    its arrays, while the tables' statistics are young and they grow: prepared, an UPDATE
+    that finishes an ACK batch (``m.id = ANY($n)`` among other conditions) took 5.3 ms a
+    batch instead of 0.4 in the latency scenario, the ACK upsert (a join) 1.2 ms instead of
+    0.5.
     Only the INSERTs over arrays (:class:`~broker.services.rows.Table`) are prepared."""
     with server_cursor() as cursor:
         for sql, params in statements:
