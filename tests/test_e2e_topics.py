@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from accounts.scram import ScramClient
+from tests.conftest import fresh_listener
 from tests.smqp_client import RawClient
 
 pytestmark = pytest.mark.e2e
@@ -451,8 +452,6 @@ def test_a_topic_and_right_made_elsewhere_count_at_once_for_a_refusal(tmp_path):
     or another listener alike) a moment before: the listener's caches hear of them a poll
     later (SMQP_CACHE_POLL_SECONDS, a minute here), but a 404 or 401 is given only once a
     fresh read of Redis's change counters confirms it, so SUB MESSAGE succeeds at once."""
-    from tests.conftest import fresh_listener
-
     with fresh_listener("sqlite", tmp_path, {"SMQP_CACHE_POLL_SECONDS": "60"}) as broker:
         bob = client(broker, "bob")
         try:
