@@ -154,6 +154,14 @@ def _create_pg_database() -> tuple[str, str]:
     return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, name
 
 
+def pg_checkpoint() -> None:
+    """``CHECKPOINT`` on the benchmark's PostgreSQL server; returns when it is done."""
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+
+
 def _drop_pg_database(name: str) -> None:
     import psycopg
 
