@@ -1104,6 +1104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep the server logs in bench/results even without problems")
     parser.add_argument("--no-json", action="store_true", help="do not write a results file")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the SMQP server under test, e.g. "
+                             "SMQP_PUBLISH_LINGER_MS=0 (repeatable; for A/B runs)")
     parser.add_argument("--no-settle", dest="settle", action="store_false",
                         help="start each scenario at once, without first finishing the writes "
                              "the one before left (a PostgreSQL CHECKPOINT, then sync)")
@@ -1117,6 +1120,9 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--window and --publishers must be >= 1; --seconds, --rate > 0")
     scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)
     backends = BACKENDS if args.db == "both" else (args.db,)
+    if any(not item.partition("=")[0] or "=" not in item for item in args.server_env):
+        raise SystemExit("--server-env takes NAME=VALUE")
+    server_env = dict(item.partition("=")[::2] for item in args.server_env)
     check_services(backends)
     stamp = timestamp()
     runs: list[dict[str, Any]] = []
@@ -1155,7 +1161,8 @@ def main(args: argparse.Namespace) -> int:
             seeded.update(seed(env, args.publishers, args.ual_entries))
 
         with isolated_broker(backend, setup=setup, log_dir=RESULTS_DIR,
-                             log_name=f"{stamp}-{NAME}-{backend}-server") as broker:
+                             log_name=f"{stamp}-{NAME}-{backend}-server",
+                             extra_env=server_env) as broker:
             broker.keep_log = args.keep_logs
             print(f"[smqp-{backend}] runsmqp pid {broker.pid} on {broker.host}:{broker.port}",
                   flush=True)
