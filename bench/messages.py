@@ -23,6 +23,9 @@ Scenarios (issue 4), each with ``--size`` byte bodies (256 by default):
     all processes of the machine), the latter carried in the body. Figures: p50 / p95 / p99
     / max over the measured window, and the rate achieved.
 
+Before each scenario, the writes the one before left are finished (:func:`settle`: a
+PostgreSQL ``CHECKPOINT``, then ``sync``), so that each measures its own work only.
+
 Every scenario runs ``--warmup`` (1 s) + ``--seconds`` (10 s). SMQP runs against an isolated
 broker per database backend (:mod:`bench.isolated`), seeded with accounts ``benchpub0..``
 (publish right on ``/bench``), ``benchsub`` (subscribe right) and a fresh topic per scenario
