@@ -474,3 +474,25 @@ def test_a_topic_and_right_made_elsewhere_count_at_once_for_a_refusal(tmp_path):
             assert bob.read_line() == b"NOTIFY MESSAGE /elsewhere\r\n"
         finally:
             bob.close()
+
+
+def test_a_session_sees_what_was_changed_elsewhere_before_it_logged_in(tmp_path):
+    """A right denied and a topic made by another process are in force for every session
+    that logs in after they committed, though the listener's caches would hear of them only
+    a poll later (a minute here): a login reads the shared change counters."""
+    with fresh_listener("sqlite", tmp_path, {"SMQP_CACHE_POLL_SECONDS": "60"}) as broker:
+        made = "from topics.models import Topic\nTopic.objects.create(path='/kept')"
+        broker.manage("shell", "--no-imports", "-c", made)
+        broker.manage("grant", "bob", "/kept", "subscribe")
+        with client(broker, "bob") as bob:
+            assert cmd(bob, "COUNT TOPIC /kept") == ["200-OK", "200 0"]  # caches loaded now
+            assert cmd(bob, "LIST TOPIC /") == ["200-OK", "200-/accounts", "200 /kept"]
+        broker.manage("grant", "bob", "/kept", "subscribe", "--deny")
+        with client(broker, "bob") as bob:
+            assert cmd(bob, "COUNT TOPIC /kept")[0].startswith("404 ")
+        broker.manage("grant", "bob", "/kept", "subscribe")
+        made = ("from topics.models import Topic\n"
+                "Topic.objects.create(path='/kept/new', parent=Topic.objects.get(path='/kept'))")
+        broker.manage("shell", "--no-imports", "-c", made)
+        with client(broker, "bob") as bob:
+            assert cmd(bob, "LIST TOPIC /kept") == ["200-OK", "200 /kept/new"]

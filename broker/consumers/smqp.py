@@ -452,6 +452,10 @@ class SMQPConsumer(AsyncConsumer):
         )
 
     def _begin_session(self, account: Account, method: str) -> LoginSession:
+        # A session sees every change committed before it logged in (a UAL edit, a topic
+        # made or removed by another process), not only after this process's next poll of
+        # the shared generations (SMQP_CACHE_POLL_SECONDS): they are read now.
+        _caches_were_stale()
         auth_service.record_success(self.peer_host)
         return auth_service.begin_session(account, peer=self.peer, method=method)
 
