@@ -136,9 +136,10 @@ SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
 # more, whatever its size), for at most this much more latency. 0: a batch goes at once.
 # By default 4 on SQLite and 0 on PostgreSQL, as measured (e2e benchmark, alternating A/B
 # pairs on one machine): SQLite 8.74k/s with 4 against 8.27k/s with 0 (3 of 4 pairs);
-# PostgreSQL 7.65k/s with 4 against 8.17k/s with 0 (5 of 6 pairs). PostgreSQL's storage
-# process waits on round trips rather than burning CPU per transaction, and it takes one
-# small batch at a time: a batch held back there mostly leaves it idle.
+# PostgreSQL 7.65k/s with 4 against 8.17k/s with 0 (5 of 6 pairs). Why they differ is not
+# established; likely a part: PostgreSQL takes one small publish batch at a time
+# (Storage.publish_window), so a batch held back leaves its lane idle, where SQLite has two
+# on their way.
 SMQP_PUBLISH_LINGER_MS = env_int(
     "SMQP_PUBLISH_LINGER_MS",
     4 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" else 0)
