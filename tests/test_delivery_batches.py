@@ -244,14 +244,15 @@ def test_the_linger_default_follows_the_database(database_url, expected):
     (broker/settings.py). The setting is read at import; nothing connects here."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SMQP_")}
     env.update(DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="broker.settings")
-    code = "from django.conf import settings; print(settings.SMQP_PUBLISH_LINGER_MS)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True, timeout=60)
-    assert int(out.stdout.strip()) == expected
-    env["SMQP_PUBLISH_LINGER_MS"] = "7"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True, timeout=60)
-    assert int(out.stdout.strip()) == 7
+
+    def linger() -> int:
+        code = "from django.conf import settings; print(settings.SMQP_PUBLISH_LINGER_MS)"
+        return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                  text=True, check=True, timeout=60).stdout)
+
+    assert linger() == expected
+    env["SMQP_PUBLISH_LINGER_MS"] = "7"  # an explicit setting wins on either
+    assert linger() == 7
 
 
 class RecordingStorage:
