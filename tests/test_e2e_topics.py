@@ -496,3 +496,33 @@ def test_a_session_sees_what_was_changed_elsewhere_before_it_logged_in(tmp_path)
         broker.manage("shell", "--no-imports", "-c", made)
         with client(broker, "bob") as bob:
             assert cmd(bob, "LIST TOPIC /kept") == ["200-OK", "200 /kept/new"]
+
+
+def pub(name: str, topic: str) -> bytes:
+    return (f"PUB MESSAGE {topic} {name}\r\n\r\nContent-Type: text/plain\r\n"
+            "Content-Length: 1\r\n\r\nx\r\n.\r\n").encode()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_publish_to_a_topic_and_right_made_elsewhere_counts_at_once(tmp_path, backend):
+    """PUB, like the other commands, gives a 404 or 401 only from fresh caches: a topic and
+    a publish right made by another process a moment ago (the admin, the REST API) take a
+    session's pipelined publishes at once, in order, though the caches would hear of them
+    only a poll later (a minute here)."""
+    with fresh_listener(backend, tmp_path, {"SMQP_CACHE_POLL_SECONDS": "60"}) as broker:
+        with client(broker, "bob") as bob:
+            assert cmd(bob, "COUNT TOPIC /*")[0].startswith("200")  # caches loaded now
+            bob.send(pub("L1", "/late"))
+            assert read_reply(bob)[-1].startswith("404 ")
+            made = "from topics.models import Topic\nTopic.objects.create(path='/late')"
+            broker.manage("shell", "--no-imports", "-c", made)
+            bob.send(pub("L2", "/late"))
+            assert read_reply(bob)[-1].startswith("404 ")  # bob may not see it (never a 401)
+            broker.manage("grant", "bob", "/late", "publish")
+            bob.send(pub("L3", "/late") + pub("L4", "/late") + pub("L5", "/nowhere"))
+            third, fourth, fifth = read_reply(bob), read_reply(bob), read_reply(bob)
+            assert third[-1].startswith("200 L3 ") and fourth[-1].startswith("200 L4 ")
+            assert int(third[-1].split()[2]) < int(fourth[-1].split()[2])  # publish order
+            assert fifth[-1].startswith("404 ")  # a topic that is not there still is not
+        with client(broker) as root:
+            assert cmd(root, "COUNT MESSAGE /late") == ["200-OK", "200 2"]

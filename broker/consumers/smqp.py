@@ -48,8 +48,6 @@ from broker.smqp.replies import (
     serialize_reply,
 )
 from broker.smqp.values import format_datetime, format_keywords, format_smuid_ranges, format_timeout
-from topics import tree as topic_tree
-from ual import resolution as ual_resolution
 from ual.resolution import snapshot_for
 
 logger = logging.getLogger("broker.smqp")
@@ -59,7 +57,7 @@ PUBLISHES_PER_TURN = 32
 # Answers that refuse a command for a topic or a right this process may not know of yet,
 # and the commands answered again from fresh caches before such a refusal is given (each
 # changes nothing before its service call decides).
-REFUSALS = (401, 404)
+REFUSALS = message_service.REFUSALS
 RECHECKED = (c.Count, c.ListTopic, c.ListMessage, c.CreateTopic, c.RemoveTopic,
              c.SetTopicName, c.SetTopicKeywords, c.FindTopic, c.Republish, c.Subscribe,
              c.Unsubscribe, c.GetMessage, c.GetTopicKeywords)
@@ -298,7 +296,7 @@ class SMQPConsumer(AsyncConsumer):
                 await handler(command)
             except ServiceError as exc:
                 if (exc.code not in REFUSALS or not isinstance(command, RECHECKED)
-                        or not await dbthread.run(_caches_were_stale)):
+                        or not await dbthread.run(message_service.caches_were_stale)):
                     raise
                 # The topic or the right may be a moment old, made by another process (the
                 # admin, another listener), which this one hears of a poll later: a refusal
@@ -455,7 +453,7 @@ class SMQPConsumer(AsyncConsumer):
         # A session sees every change committed before it logged in (a UAL edit, a topic
         # made or removed by another process), not only after this process's next poll of
         # the shared generations (SMQP_CACHE_POLL_SECONDS): they are read now.
-        _caches_were_stale()
+        message_service.caches_were_stale()
         auth_service.record_success(self.peer_host)
         return auth_service.begin_session(account, peer=self.peer, method=method)
 
@@ -874,13 +872,6 @@ class SMQPConsumer(AsyncConsumer):
             await writer.drain()
         except (ConnectionError, OSError):
             self._close_notify_channel()
-
-
-def _caches_were_stale() -> bool:
-    """Had the topic tree or the access snapshots of this process missed a change made
-    elsewhere (read now, not at the next poll)? Both are checked."""
-    trees = topic_tree.recheck()
-    return ual_resolution.recheck() or trees
 
 
 def _log_failure(task: asyncio.Task) -> None:

@@ -35,6 +35,7 @@ from broker.smqp.values import (
 from topics import tree as topic_tree
 from topics.models import Topic
 from topics.tree import Node
+from ual import resolution as ual_resolution
 from ual.models import Right
 from ual.resolution import AccessSnapshot, snapshot_for_id
 
@@ -341,6 +342,19 @@ def _subscribers(topics: list[Topic | Node],
     return read
 
 
+#: Refusals that may come from caches a moment behind another process's change: given only
+#: once :func:`caches_were_stale` says the caches were current.
+REFUSALS = (401, 404)
+
+
+def caches_were_stale() -> bool:
+    """Had this process's topic tree or access snapshots missed a change made elsewhere?
+    Both shared change counters are read now (not at the next poll); stale caches are
+    dropped, so the next use reads the database."""
+    trees = topic_tree.recheck()
+    return ual_resolution.recheck() or trees
+
+
 def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceError]:
     """Store a group of publishes in one transaction. Each request gets its ``Published`` or
     the ServiceError that refused it; the refused ones store nothing. Access is decided from
@@ -363,16 +377,30 @@ def publish_batch_held(
     results: list[Published | ServiceError | None] = [None] * len(requests)
     prepared: list[tuple[int, Topic | Node, _NewMessage]] = []
     publishers: dict[int, str] = {}
-    for i, req in enumerate(requests):
+
+    def prepare(i: int) -> None:
+        req = requests[i]
         try:
             snap = snapshot_for_id(req.account_id)
             publishers[req.account_id] = snap.account.username
             topic, row = _prepare(snap, req, now)
             prepared.append((i, topic, row))
+            results[i] = None
         except ServiceError as exc:
             results[i] = exc
         except (ValueError, KeyError) as exc:
             results[i] = ServiceError(400, f"Bad request ({exc})")
+
+    for i in range(len(requests)):
+        prepare(i)
+    refused = [i for i, r in enumerate(results)
+               if isinstance(r, ServiceError) and r.code in REFUSALS]
+    if refused and caches_were_stale():
+        # The topic or the right may be a moment old, made by another process: a refusal is
+        # given from fresh caches only. Prepared again in this batch, in publish order.
+        for i in refused:
+            prepare(i)
+        prepared.sort(key=lambda item: item[0])
     with hot_transaction():
         prepared = _apply_queue_limits(prepared, results)
         topics = {t.pk: t for _, t, _ in prepared}
