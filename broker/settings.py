@@ -117,6 +117,7 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqli
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
 }
+_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
 SMQP_SQLITE_SYNCHRONOUS = os.environ.get("SMQP_SQLITE_SYNCHRONOUS", "FULL").upper()
 # How ACKs are committed: "relaxed" (default) commits without waiting for the disk flush, so
 # a subscriber's next NOTIFY is not held back by an fsync per message; a crash of the
@@ -142,12 +143,12 @@ SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
 # on their way.
 SMQP_PUBLISH_LINGER_MS = env_int(
     "SMQP_PUBLISH_LINGER_MS",
-    4 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" else 0)
+    4 if _SQLITE else 0)
 # PostgreSQL: the storage processes' connections prepare the statements they run again and
 # again (broker/storage.py). Off behind a pooler that cannot keep prepared statements
 # (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
 SMQP_PG_PREPARED_STATEMENTS = env_bool("SMQP_PG_PREPARED_STATEMENTS", True)
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if _SQLITE:
     # Persistent: Channels closes connections older than this around every database call, and
     # reopening SQLite (with its PRAGMAs) costs more than most commands.
     DATABASES["default"]["CONN_MAX_AGE"] = None
