@@ -33,6 +33,12 @@ def cmd(c: RawClient, line: str) -> list[str]:
     return read_reply(c)
 
 
+def pub(name: str, topic: str) -> bytes:
+    """A one-byte text PUB MESSAGE."""
+    return (f"PUB MESSAGE {topic} {name}\r\n\r\nContent-Type: text/plain\r\n"
+            "Content-Length: 1\r\n\r\nx\r\n.\r\n").encode()
+
+
 def read_reply(c: RawClient) -> list[str]:
     while True:
         first = c.read_line()
@@ -466,8 +472,7 @@ def test_a_topic_and_right_made_elsewhere_count_at_once_for_a_refusal(tmp_path):
             # Known now to the whole listener, its storage process too: a PUB reaches bob.
             root = client(broker)
             try:
-                root.send(b"PUB MESSAGE /elsewhere E1\r\n\r\nContent-Type: text/plain\r\n"
-                          b"Content-Length: 1\r\n\r\nx\r\n.\r\n")
+                root.send(pub("E1", "/elsewhere"))
                 assert read_reply(root)[-1].startswith("200 E1 ")
             finally:
                 root.close()
@@ -496,11 +501,6 @@ def test_a_session_sees_what_was_changed_elsewhere_before_it_logged_in(tmp_path)
         broker.manage("shell", "--no-imports", "-c", made)
         with client(broker, "bob") as bob:
             assert cmd(bob, "LIST TOPIC /kept") == ["200-OK", "200 /kept/new"]
-
-
-def pub(name: str, topic: str) -> bytes:
-    return (f"PUB MESSAGE {topic} {name}\r\n\r\nContent-Type: text/plain\r\n"
-            "Content-Length: 1\r\n\r\nx\r\n.\r\n").encode()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
