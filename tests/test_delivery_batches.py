@@ -1,6 +1,6 @@
 """How the dispatcher cuts queued publishes into group commits (:func:`_batch_size`), how
 many go at once (:func:`_may_send`), and in which order PostgreSQL's two publish lanes
-commit them (:meth:`broker.storage.Storage._publish_held`)."""
+commit them (:meth:`broker.store.storage.Storage._publish_held`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from broker import delivery, storage
+from broker.delivery import dispatcher as delivery
 from broker.services.messages import PublishRequest
 from broker.smqp.message import DataSection, Message
+from broker.store import storage
 
 
 def queued(*sizes: int) -> list:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from collections import OrderedDict
 
-from broker import delivery
+from broker.delivery import dispatcher as delivery
 from broker.smqp.message import DataSection, Message
 
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from broker import delivery
 from broker.delivery import Dispatcher
+from broker.delivery import dispatcher as delivery
 
 
 class Probe:

@@ -1,4 +1,4 @@
-"""The ACK journal (:mod:`broker.journal`) over real sockets against real listeners.
+"""The ACK journal (:mod:`broker.store.journal`) over real sockets against real listeners.
 
 ``310 ACK`` goes once the ACK is in the listener's journal, not after the database commit:
 here the storage processes that would commit it are stopped (SIGSTOP), and the subscriber

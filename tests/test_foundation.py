@@ -341,13 +341,13 @@ def test_ack_commits_skip_the_flush_unless_full_and_restore_it(settings, durabil
 
 
 def test_lean_rows_store_values_as_the_orm_would():
-    """broker.services.rows writes datetimes and JSON in exactly the form Django's backend
+    """broker.store.rows writes datetimes and JSON in exactly the form Django's backend
     writes them, so ORM lookups (expires__lte=now, ordering) see no difference."""
     from datetime import UTC, datetime, timedelta, timezone
 
     from django.db import connection
 
-    from broker.services import rows
+    from broker.store import rows
 
     zones = (UTC, timezone(timedelta(hours=5, minutes=30)))
     for tz in zones:

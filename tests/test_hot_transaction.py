@@ -33,7 +33,7 @@ def count(kind):
 SCRIPT = PRELUDE + r"""
 from django.db import IntegrityError, transaction
 from broker.models import DataSection
-from broker.services.rows import hot_transaction, query, raw_cursor
+from broker.store.rows import hot_transaction, query, raw_cursor
 
 hooks = []
 
@@ -124,7 +124,7 @@ INSERT_SCRIPT = r"""
 import json
 from datetime import UTC, datetime
 from broker.models import DataSection, Message, UsageEvent
-from broker.services import rows
+from broker.store import rows
 from topics.models import Topic
 
 topic = Topic.objects.create(path="/rows")
@@ -194,7 +194,7 @@ import sqlite3
 from datetime import UTC, datetime
 from django.db import IntegrityError, connection
 from broker.models import DataSection, Message, UsageEvent
-from broker.services import rows
+from broker.store import rows
 from topics.models import Topic
 
 if connection.vendor == "postgresql":  # prepared from the first run, as in a storage process
@@ -258,7 +258,7 @@ def test_grouped_inserts_commit_together_or_not_at_all(database):
 HELD_SCRIPT = r"""
 import json
 from accounts.models import Account
-from broker import storage
+from broker.store import storage
 from broker.models import Message
 from broker.services.messages import PublishRequest, publish_batch_held
 from broker.smqp.message import DataSection

@@ -1,4 +1,4 @@
-"""The ACK journal (:mod:`broker.journal`) on real files: what a listener appends is applied
+"""The ACK journal (:mod:`broker.store.journal`) on real files: what a listener appends is applied
 by a recovery once that listener is gone (never while it lives), in order, with a torn last
 record dropped; applied segments are deleted."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from broker import journal
-from broker.journal import RECORD, AckJournal, recover
+from broker.store import journal
+from broker.store.journal import RECORD, AckJournal, recover
 
 RECORDS = [(7, 100 + i, 1 + i % 3, i % 2 == 0) for i in range(50)]
 

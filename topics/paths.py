@@ -3,8 +3,8 @@ that need the tree (reserved names, the account subtree) live here too."""
 
 from __future__ import annotations
 
-from broker.smqp.errors import ProtocolError
-from broker.smqp.values import is_reserved_segment, topic_key, validate_topic
+from broker.domain.errors import ProtocolError
+from broker.domain.values import is_reserved_segment, topic_key, validate_topic
 
 ACCOUNTS_ROOT = "/accounts"
 

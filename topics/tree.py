@@ -202,12 +202,13 @@ def changed() -> None:
 
 def local_generation() -> int:
     """Counts this process's own topic changes (a storage process follows it:
-    :mod:`broker.storage`)."""
+    :mod:`broker.store.storage`)."""
     return _local_generation
 
 
 def invalidate_local() -> None:
-    """Load the tree again on its next use (the listener changed it: :mod:`broker.storage`)."""
+    """Load the tree again on its next use (the listener changed it:
+    :mod:`broker.store.storage`)."""
     global _local_generation
     with _lock:
         _local_generation += 1

@@ -310,7 +310,7 @@ def recheck() -> bool:
 
 def local_epoch() -> int:
     """Counts the times this process dropped its snapshots (a storage process follows it:
-    :mod:`broker.storage`)."""
+    :mod:`broker.store.storage`)."""
     return _cache.epoch
 
 

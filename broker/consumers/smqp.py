@@ -26,7 +26,6 @@ from django.utils import timezone
 
 from accounts.models import Account, LoginSession
 from accounts.scram import ScramError, ScramServer
-from broker import dbthread
 from broker.delivery import Dispatcher, get_dispatcher
 from broker.services import ServiceError, notify
 from broker.services import accounts as account_service
@@ -48,6 +47,7 @@ from broker.smqp.replies import (
     serialize_reply,
 )
 from broker.smqp.values import format_datetime, format_keywords, format_smuid_ranges, format_timeout
+from broker.store import dbthread
 from ual.resolution import snapshot_for
 
 logger = logging.getLogger("broker.smqp")
@@ -117,7 +117,7 @@ class SMQPConsumer(AsyncConsumer):
     async def dispatch(self, message: dict) -> None:
         """Call the event's handler. Channels' own ``dispatch`` first hops to the database
         thread to close stale connections, on every event; here every database call
-        (:mod:`broker.dbthread`) does that itself, so that hop only made each incoming
+        (:mod:`broker.store.dbthread`) does that itself, so that hop only made each incoming
         line (a subscriber's 310 ACK, say) wait behind whatever commit was running."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:

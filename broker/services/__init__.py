@@ -2,7 +2,7 @@
 management commands) calls these functions; none re-implements a rule.
 
 Service functions are synchronous (they use the ORM); async doors call them on a database
-thread (the SMQP listener through :mod:`broker.dbthread`). They raise :class:`ServiceError`
+thread (the SMQP listener through :mod:`broker.store.dbthread`). They raise :class:`ServiceError`
 with the SMQP reply code that describes the refusal, so every door can map it to its own wire
 form.
 """

@@ -21,9 +21,8 @@ from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from accounts.models import Account
-from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
-from broker.smqp import message as codec
-from broker.smqp.values import (
+from broker.domain import message as codec
+from broker.domain.values import (
     SmuidSet,
     format_datetime,
     parse_bool,
@@ -32,16 +31,8 @@ from broker.smqp.values import (
     parse_smuid_header,
     parse_timeout,
 )
-from topics import tree as topic_tree
-from topics.models import Topic
-from topics.tree import Node
-from ual import resolution as ual_resolution
-from ual.models import Right
-from ual.resolution import AccessSnapshot, snapshot_for_id
-
-from . import ServiceError, not_found, unauthorized
-from . import topics as topic_service
-from .rows import (
+from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
+from broker.store.rows import (
     Inserts,
     Statement,
     Table,
@@ -56,6 +47,15 @@ from .rows import (
     server_cursor,
     vendor,
 )
+from topics import tree as topic_tree
+from topics.models import Topic
+from topics.tree import Node
+from ual import resolution as ual_resolution
+from ual.models import Right
+from ual.resolution import AccessSnapshot, snapshot_for_id
+
+from . import ServiceError, not_found, unauthorized
+from . import topics as topic_service
 
 # Sort key of a message without Priority: after every message that has one.
 NO_PRIORITY = 2**31
@@ -372,7 +372,7 @@ def publish_batch_held(
     are on their way (its transaction open, nothing committed yet); resumed, it commits (and
     raises what the COMMIT raised); closed instead, it rolls back. A storage process holds
     a batch so between the two while the batch before it commits on another connection
-    (:mod:`broker.storage`)."""
+    (:mod:`broker.store.storage`)."""
     now = timezone.now()
     results: list[Published | ServiceError | None] = [None] * len(requests)
     prepared: list[tuple[int, Topic | Node, _NewMessage]] = []
@@ -638,13 +638,13 @@ def _upsert_acked(acks: list[AckRequest], now: datetime) -> None:
 
 def _execute_all(statements: list[Statement]) -> None:
     """PostgreSQL: run statements with server-side binding, each planned for its values,
-    never prepared (where the storage processes prepare: broker.storage). A statement that
+    never prepared (where the storage processes prepare: broker.store.storage). A statement that
     finds rows may get a generic plan that reads far more of them than the plan made for
     its arrays, while the tables' statistics are young and they grow: prepared, an UPDATE
     that finishes an ACK batch (``m.id = ANY($n)`` among other conditions) took 5.3 ms a
     batch instead of 0.4 in the latency scenario, the ACK upsert (a join) 1.2 ms instead of
     0.5.
-    Only the INSERTs over arrays (:class:`~broker.services.rows.Table`) are prepared."""
+    Only the INSERTs over arrays (:class:`~broker.store.rows.Table`) are prepared."""
     with server_cursor() as cursor:
         for sql, params in statements:
             cursor.execute(sql, params, prepare=False)
@@ -1026,7 +1026,7 @@ def requeue_stale_queue_deliveries(now: datetime | None = None) -> int:
     if dead:
         mark_dead(dead)
     if moved:
-        from broker import delivery as dispatch
+        from broker.delivery import dispatcher as dispatch
 
         dispatch.wake_from_sync(moved)
     return touched

@@ -11,8 +11,8 @@ from datetime import datetime
 from django.conf import settings
 from django.db import transaction
 
+from broker.domain.values import TopicPattern
 from broker.models import Subscription
-from broker.smqp.values import TopicPattern
 from topics.models import Topic
 from ual.models import Right
 from ual.resolution import AccessSnapshot

@@ -14,8 +14,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from accounts.models import Account
+from broker.domain.values import TopicPattern
 from broker.models import Message, Subscription
-from broker.smqp.values import TopicPattern
 from topics import paths
 from topics import tree as topic_tree
 from topics.models import Topic, TopicKeyword

@@ -7,10 +7,10 @@ among a section's headers: it is always ``len(body)`` and is written from it.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+
+from broker.domain.message import CANONICAL_NAMES, DataSection, Message, canonical_name
 
 from .errors import bad_request
 from .values import (
@@ -35,36 +35,6 @@ __all__ = [
     "validate_publish_headers",
 ]
 
-CANONICAL_NAMES: dict[str, str] = {
-    "name": "Name",
-    "priority": "Priority",
-    "pri": "Priority",
-    "created": "Created",
-    "receipt": "Receipt",
-    "reply": "Reply",
-    "timeout": "Timeout",
-    "depth": "Depth",
-    "sequence": "Sequence",
-    "seq": "Sequence",
-    "mime-version": "MIME-Version",
-    "smuid": "Smuid",
-    "cmuid": "Cmuid",
-    "topic": "Topic",
-    "content-type": "Content-Type",
-    "content-length": "Content-Length",
-    "content-encoding": "Content-Encoding",
-    "encryption": "Encryption",
-}
-
-
-def canonical_name(name: str) -> str:
-    """Return the canonical spelling of a header name (``pri`` -> ``Priority``).
-
-    ``X-`` names and unknown names are returned as given.
-    """
-    return CANONICAL_NAMES.get(name.lower(), name)
-
-
 def parse_header_line(line: str) -> tuple[str, str]:
     """Split ``Name: value`` into the canonical name and the value stripped of blanks."""
     i = line.find(":")
@@ -74,58 +44,6 @@ def parse_header_line(line: str) -> tuple[str, str]:
     if not (name.isascii() and name.isprintable()) or " " in name:
         raise bad_request("malformed header")
     return CANONICAL_NAMES.get(name.lower(), name), line[i + 1 :].strip(" \t")
-
-
-@functools.lru_cache(maxsize=4096)  # bounded: X- names are the client's to choose
-def _folded(name: str) -> str:
-    """A header name's canonical spelling, lower-cased (``Pri`` and ``priority`` →
-    ``priority``): what :func:`_lookup` compares."""
-    low = name.lower()
-    return CANONICAL_NAMES.get(low, low).lower()
-
-
-def _lookup(headers: list[tuple[str, str]], name: str) -> str | None:
-    want = _folded(name)
-    for k, v in headers:
-        if _folded(k) == want:
-            return v
-    return None
-
-
-@dataclass(slots=True)
-class DataSection:
-    """One data section: its data header (without ``Content-Length``) and its bytes."""
-
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    @property
-    def content_type(self) -> str | None:
-        """The ``Content-Type`` value, or None when absent."""
-        return _lookup(self.headers, "Content-Type")
-
-    @property
-    def content_length(self) -> int:
-        """The length of the body (what ``Content-Length`` says on the wire)."""
-        return len(self.body)
-
-    def get(self, name: str) -> str | None:
-        """Case-insensitive lookup of a data header attribute."""
-        if name.lower() == "content-length":
-            return str(len(self.body))
-        return _lookup(self.headers, name)
-
-
-@dataclass(slots=True)
-class Message:
-    """A message: header attributes in wire order and its data sections."""
-
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    sections: list[DataSection] = field(default_factory=list)
-
-    def get(self, name: str) -> str | None:
-        """Case-insensitive header lookup; ``Pri``/``Seq`` find Priority/Sequence."""
-        return _lookup(self.headers, name)
 
 
 # ------------------------------------------------------------------------------ validation

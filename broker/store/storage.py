@@ -4,7 +4,7 @@ The listener is one Python process: its event loop (parsing, replies, NOTIFY) an
 database thread share one GIL, so together they never use more than one core, while the
 machine has more. The two hot calls, :func:`~broker.services.messages.publish_batch` and
 :func:`~broker.services.messages.ack_batch`, hold half of that core: each has a *lane*, a
-child process (``python -m broker.storage``) with a database connection of its own, fed over
+child process (``python -m broker.store.storage``) with a database connection of its own, fed over
 a socket pair. The rules stay in the services layer; only where they run changes.
 
 Lanes: on SQLite one for both (one writer; a second would wait for the lock in its busy
@@ -42,12 +42,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from broker.smqp.message import Message
+from broker.domain.message import Message
 
 if TYPE_CHECKING:
     from broker.services.messages import AckRequest, Published, PublishRequest
 
-logger = logging.getLogger("broker.storage")
+logger = logging.getLogger("broker.store.storage")
 
 _LENGTH = struct.Struct("!Q")
 #: Least time between two starts of one lane's process.
@@ -167,7 +167,7 @@ class Lane:
         ours, theirs = socket.socketpair()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "broker.storage", str(theirs.fileno()), self.database],
+                [sys.executable, "-m", "broker.store.storage", str(theirs.fileno()), self.database],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         except BaseException:
             ours.close()
@@ -208,7 +208,7 @@ class Storage:
     def __init__(self) -> None:
         from django.db import connection
 
-        from broker import dbthread
+        from broker.store import dbthread
 
         self.apart = enabled()
         # The database this process uses, by name: a test's database is not the configured one.
@@ -253,8 +253,8 @@ class Storage:
             await asyncio.gather(*(lane.call("ready") for lane in self._lanes))
 
     async def publish_batch(self, requests: list[PublishRequest]) -> list:
-        from broker import dbthread
         from broker.services import messages
+        from broker.store import dbthread
 
         if not self.apart:
             return await dbthread.run(messages.publish_batch, requests)
@@ -307,8 +307,8 @@ class Storage:
         return results
 
     async def ack_batch(self, acks: list[AckRequest]) -> list[Published]:
-        from broker import dbthread
         from broker.services import messages
+        from broker.store import dbthread
 
         if not self.apart:
             return await dbthread.run_ack(messages.ack_batch, acks)
@@ -399,7 +399,7 @@ def _publish_begin(requests: list) -> list:
 def _publish_commit() -> None:
     """COMMIT the batch :func:`_publish_begin` holds; raises what the COMMIT raised."""
     global _held
-    from broker.services.rows import Unsent
+    from broker.store.rows import Unsent
 
     held, _held = _held, None
     if held is None:
@@ -537,7 +537,7 @@ def serve(fd: int, database: str) -> None:
     from django.conf import settings
     from django.db import connection
 
-    from broker.dbthread import call_here
+    from broker.store.dbthread import call_here
 
     connection.settings_dict["NAME"] = database
     if connection.vendor == "postgresql" and settings.SMQP_PG_PREPARED_STATEMENTS:

@@ -4,12 +4,12 @@ Every listener process has one :class:`Dispatcher` (per event loop). Publishes a
 all sessions queue here; one writer task for each stores whatever has queued up in a single
 transaction (so a burst of publishes costs one commit, not one each), and only then lets the
 sessions answer ``200`` / ``310 ACK``. The commits run in storage processes
-(:mod:`broker.storage`), on PostgreSQL side by side, each on a connection of its own
-(:func:`broker.dbthread.acks_apart`). After each commit it offers the
+(:mod:`broker.store.storage`), on PostgreSQL side by side, each on a connection of its own
+(:func:`broker.store.dbthread.acks_apart`). After each commit it offers the
 new messages to the subscribed sessions of this process directly, and to other processes
 through the Channels layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
 
-ACKs are recorded in the listener's ACK journal (:mod:`broker.journal`) before ``310 ACK``
+ACKs are recorded in the listener's ACK journal (:mod:`broker.store.journal`) before ``310 ACK``
 goes out, and reach the database in the ACK batches behind it (``SMQP_ACK_JOURNAL=0``: the
 ``310 ACK`` waits for the batch's commit instead).
 """
@@ -30,12 +30,14 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from broker import dbthread, journal
+from broker.domain.message import DataSection, Message
 from broker.services import ServiceError
 from broker.services import messages as message_service
 from broker.services.messages import AckRequest, Published, PublishRequest
-from broker.smqp.message import DataSection, Message
-from broker.storage import Storage, StorageLost
+from broker.store import dbthread, journal
+from broker.store.storage import Storage, StorageLost
+
+from .linger import PublishLinger
 
 logger = logging.getLogger("broker.delivery")
 
@@ -84,25 +86,6 @@ ACK_RETRY_MAX = 2.0
 # what the database learns later: the message's timeout and its receipt start this much
 # later at worst.
 ACK_GATHER_SECONDS = 0.05
-# A publish batch smaller than LINGER_BATCH waits for company (SMQP_PUBLISH_LINGER_MS at
-# most) only while publishes arrive faster than LINGER_RATE a second, measured over
-# LINGER_WINDOW seconds: then a few milliseconds gather a batch worth its transaction. Below
-# that rate they would gather a handful, and the wait would be latency for nothing; a
-# publish after a quiet spell goes at once. Nor does a batch wait once no publish has come
-# for LINGER_GAPS times the stream's mean interval (LINGER_GAP_MIN at least): publishers
-# that each wait for their reply before the next PUB have all sent theirs by then, and
-# more waiting would gather nothing. Measured (SQLite, e2e benchmark): batches of 23-26
-# instead of 10, the storage process's CPU 5 to 14 points lower (a minimum gap of 0.5 ms
-# instead of 1.5 cut batches to 15: publishers send in bursts). Throughput: +8% in a first
-# A/B, no difference beyond the noise (+-15% there) in ten later pairs on both backends; on
-# a calmer machine later, +5.6% on SQLite and -6.3% on PostgreSQL, whence the defaults of
-# SMQP_PUBLISH_LINGER_MS (broker/settings.py). Lingering only while a batch is already on
-# its way (never leaving the storage process idle) was worse on SQLite: 7.9k/s against 8.7k.
-LINGER_BATCH = 32
-LINGER_RATE = 2000.0
-LINGER_WINDOW = 0.25
-LINGER_GAPS = 2.0
-LINGER_GAP_MIN = 0.0015
 # Longest a backlog read waits for the journaled ACKs to reach the database (caught_up()).
 CATCH_UP_SECONDS = 5.0
 # How long an ACK by a session of this process keeps the message from being offered to its
@@ -118,44 +101,6 @@ class Session(Protocol):
     def idle(self) -> bool: ...
 
     def offer(self, priority: int, smuid: int) -> None: ...
-
-
-class PublishLinger:
-    """When the next publish batch goes: at once, or after waiting for more publishes to
-    join it (see LINGER_BATCH). No I/O: the dispatcher tells it of every publish
-    (:meth:`arrived`) and asks before sending a batch (:meth:`hold`)."""
-
-    def __init__(self, seconds: float, batch: int = LINGER_BATCH, rate: float = LINGER_RATE,
-                 window: float = LINGER_WINDOW, gaps: float = LINGER_GAPS,
-                 gap_min: float = LINGER_GAP_MIN) -> None:
-        self.seconds = seconds
-        self.batch = batch
-        self.rate = rate
-        self.window = window
-        self.gaps = gaps
-        self.gap_min = gap_min
-        self._since = -math.inf  # start of the current measuring window
-        self._count = 0  # publishes in it
-        self._measured = 0.0  # publishes a second over the last whole window
-        self._last = -math.inf  # the latest publish
-
-    def arrived(self, now: float) -> None:
-        elapsed = now - self._since
-        if elapsed >= self.window:
-            # A whole window (or a quiet spell, which brings the rate down with it) is over.
-            self._measured = self._count / elapsed
-            self._since, self._count = now, 0
-        self._count += 1
-        self._last = now
-
-    def hold(self, queued: int, oldest: float, now: float) -> float:
-        """Seconds the ``queued`` publishes (the first of them queued at ``oldest``) should
-        still wait before they go as a batch; 0: now."""
-        if (not self.seconds or queued >= self.batch or self._measured < self.rate
-                or now - self._since > 2 * self.window):  # the stream has stopped
-            return 0.0
-        gap = max(self.gap_min, self.gaps / self._measured if self._measured else 0.0)
-        return max(0.0, min(oldest + self.seconds, self._last + gap) - now)
 
 
 class Dispatcher:
@@ -748,7 +693,7 @@ def _entry_size(entry: bytes) -> int:
 def _may_send(in_flight: int, queued: int, window: tuple[int, int, int]) -> bool:
     """May a publish batch of the ``queued`` publishes go, with ``in_flight`` on their way?
     ``window``: (at most, whatever their size, beyond that only with this many publishes:
-    a batch worth its transaction); see :attr:`broker.storage.Storage.publish_window`."""
+    a batch worth its transaction); see :attr:`broker.store.storage.Storage.publish_window`."""
     limit, always, large = window
     return in_flight < min(limit, always) or (in_flight < limit and queued >= large)
 
@@ -782,7 +727,7 @@ async def shutdown(timeout: float) -> None:
 
 
 def recover_journals() -> int:
-    """Apply the ACK journals of listeners that are gone (:func:`broker.journal.recover`)
+    """Apply the ACK journals of listeners that are gone (:func:`broker.store.journal.recover`)
     and offer the receipts that sends; the listener calls this before it serves, Celery beat
     periodically. Returns how many ACKs were applied."""
 

@@ -110,7 +110,7 @@ def query(sql: str, params: Sequence[Any] = ()) -> Callable[[], list[tuple]]:
 class Unsent(Exception):
     """The connection broke before the transaction's COMMIT went out (the database restarted
     while the connection sat idle, say): nothing of it was committed, so it may run again on
-    a new connection (:func:`broker.dbthread.call_here` does, once)."""
+    a new connection (:func:`broker.store.dbthread.call_here` does, once)."""
 
 
 @contextmanager
@@ -192,7 +192,7 @@ def _atomic(wrapper: Any, relaxed: bool) -> Iterator[None]:
     # SQLite's pragma applies to the connection, so set it only around a transaction of our
     # own (not inside a caller's), and put the configured level back afterwards.
     # Nothing to set where the configured level is relaxed already (a storage process that
-    # flushes the WAL itself commits with NORMAL: broker.storage.flush_behind).
+    # flushes the WAL itself commits with NORMAL: broker.store.storage.flush_behind).
     sqlite = (relaxed and vendor() == "sqlite" and not wrapper.in_atomic_block
               and settings.SMQP_SQLITE_SYNCHRONOUS not in ("NORMAL", "OFF"))
     if sqlite:
@@ -374,7 +374,7 @@ class Inserts:
 def _execute_over_arrays(sql: str, row_sets: Sequence[Sequence[tuple]]) -> None:
     """PostgreSQL: run ``sql`` with one array parameter per column of each row set, in
     order, with server-side binding (prepared after a few runs where the connection
-    prepares: broker.storage)."""
+    prepares: broker.store.storage)."""
     wrapper = connections[DEFAULT_DB_ALIAS]
     wrapper.ensure_connection()
     with closing(psycopg.Cursor(wrapper.connection)) as cursor:

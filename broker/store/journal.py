@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger("broker.journal")
+logger = logging.getLogger("broker.store.journal")
 
 #: account id, smuid, delivery attempts, "may want a receipt" (little-endian, 21 bytes).
 RECORD = struct.Struct("<qqiB")

@@ -8,7 +8,7 @@ its thread-sensitivity machinery, about twice the CPU of a plain executor hop. T
 makes two such hops per delivered message (its ACK and its publish), so that was a large
 share of the delivery round trip. On PostgreSQL, ACK batches have a thread (and connection)
 of their own: :func:`run_ack`. The group commits themselves normally run in storage
-processes (:mod:`broker.storage`); these threads run them when those are turned off.
+processes (:mod:`broker.store.storage`); these threads run them when those are turned off.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from django.db import close_old_connections, connection
 
-from broker.services.rows import Unsent, vendor
+from broker.store.rows import Unsent, vendor
 
 T = TypeVar("T")
 

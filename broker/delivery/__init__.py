@@ -1,0 +1,14 @@
+"""The delivery layer: between the doors and the services.
+
+- :mod:`.dispatcher`: the per-process dispatcher. Group commit of publishes and ACKs (run
+  in the store's storage processes), and wake-ups: committed messages offered to the
+  subscriber sessions of this process directly and of other processes through Redis.
+- :mod:`.linger`: when a publish batch goes (pure).
+
+Doors import from here; the services never do (they announce commits through
+:mod:`broker.services.notify`).
+"""
+
+from .dispatcher import Dispatcher, get_dispatcher, recover_journals, shutdown
+
+__all__ = ["Dispatcher", "get_dispatcher", "recover_journals", "shutdown"]
