@@ -10,6 +10,7 @@ from collections.abc import Callable
 from celery import shared_task
 from django.conf import settings
 
+from broker.services import sweeps
 from broker.services import topics as topic_service
 
 
@@ -42,26 +43,20 @@ def recover_ack_journals() -> int:
 @shared_task(name="broker.expire_messages")
 def expire_messages() -> int:
     """Messages whose timeout ran out go to Trash."""
-    from broker.services import messages as message_service
-
     size = settings.SMQP_SWEEP_BATCH
-    return _until_done(lambda: message_service.expire_messages(limit=size), size)
+    return _until_done(lambda: sweeps.expire_messages(limit=size), size)
 
 
 @shared_task(name="broker.purge_trash")
 def purge_trash() -> int:
     """Trash older than SMQP_TRASH_RETENTION seconds is deleted."""
-    from broker.services import messages as message_service
-
     size = settings.SMQP_SWEEP_BATCH
     return _until_done(
-        lambda: message_service.purge_trash(settings.SMQP_TRASH_RETENTION, limit=size), size)
+        lambda: sweeps.purge_trash(settings.SMQP_TRASH_RETENTION, limit=size), size)
 
 
 @shared_task(name="broker.requeue_queue_deliveries")
 def requeue_queue_deliveries() -> int:
     """Queue mode: move messages not ACKed in time to the next subscriber, or to Trash."""
-    from broker.services import messages as message_service
-
     # A delivery moved or declared dead is not stale again in this run: this ends.
-    return _until_done(message_service.requeue_stale_queue_deliveries, None)
+    return _until_done(sweeps.requeue_stale_queue_deliveries, None)

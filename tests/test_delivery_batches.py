@@ -1,6 +1,6 @@
 """How the dispatcher cuts queued publishes into group commits (:func:`_batch_size`), how
 many go at once (:func:`_may_send`), and in which order PostgreSQL's two publish lanes
-commit them (:meth:`broker.store.storage.Storage._publish_held`)."""
+commit them (:meth:`broker.store.lanes.Storage._publish_held`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from broker.delivery import dispatcher as delivery
-from broker.services.messages import PublishRequest
+from broker.services.publish import PublishRequest
 from broker.smqp.message import DataSection, Message
-from broker.store import storage
+from broker.store import lanes as storage
 
 
 def queued(*sizes: int) -> list:

@@ -83,7 +83,7 @@ async def test_a_message_acked_here_is_not_offered_again_to_its_account(layer, m
     answered here; its subscriber may ACK it before the publish's wake-up comes. That
     wake-up must not offer it to the account again (the bench saw one duplicate), though
     another account still gets it, and the memory of the ACK fades."""
-    from broker.services.messages import AckRequest
+    from broker.services.ack import AckRequest
 
     monkeypatch.setattr(delivery, "RECENT_ACK_SECONDS", 0.2)
     a = Dispatcher()
@@ -125,7 +125,7 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
     """An ACK after a quiet spell goes to the store at once; the ACKs that follow gather
     (one transaction for many), until ACK_GATHER_SECONDS have passed, a backlog read waits
     for them (caught_up), or MAX_BATCH are queued."""
-    from broker.services.messages import AckRequest
+    from broker.services.ack import AckRequest
 
     settings.VAR_DIR = tmp_path  # the journal's folder
     settings.SMQP_ACK_JOURNAL = True
@@ -230,7 +230,7 @@ async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_ack
     began before that commit still returns the message; it must not be offered again. An ACK
     whose batch failed (its session answered 500) is not left out of later reads."""
     from broker.services import ServiceError
-    from broker.services.messages import AckRequest
+    from broker.services.ack import AckRequest
 
     settings.SMQP_ACK_JOURNAL = False
     a = Dispatcher()

@@ -253,7 +253,7 @@ def test_state_message_is_kept_after_delivery(broker):
         bob.ack()
         bob.command("UNSUB MESSAGE /m/state")
     broker.manage("shell", "--no-imports", "-c",
-                  "from broker.services.messages import expire_messages; expire_messages()")
+                  "from broker.services.sweeps import expire_messages; expire_messages()")
     with session(broker) as c:
         assert str(smuid) in c.command("LIST MESSAGE /m/state").lines[-1]
 
@@ -261,7 +261,7 @@ def test_state_message_is_kept_after_delivery(broker):
 def test_timeout_starts_once_every_publish_time_subscriber_acked(broker):
     """Profile §8: the message's timeout runs from the last ACK of the subscribers that
     existed at publish time, not from the publish (nor from the first ACK)."""
-    expire = ("from broker.services.messages import expire_messages; "
+    expire = ("from broker.services.sweeps import expire_messages; "
               "print('EXPIRED', expire_messages())")
 
     def expired() -> int:
@@ -307,7 +307,7 @@ def test_expiry_into_trash_and_republish(broker):
         assert pub.command(f"REPUB MESS /m/expiry {plain}").code == 406  # not in Trash yet
     time.sleep(1.2)
     broker.manage("shell", "--no-imports", "-c",
-                  "from broker.services.messages import expire_messages; expire_messages()")
+                  "from broker.services.sweeps import expire_messages; expire_messages()")
     with session(broker, "bob") as bob, session(broker) as pub:
         trash = pub.command("LIST MESSAGE /m/expiry/Trash").lines[-1]
         assert str(plain) in trash and str(seq) in trash

@@ -1,4 +1,4 @@
-"""The listener's storage processes (:mod:`broker.store.storage`), over real sockets.
+"""The listener's storage processes (:mod:`broker.store.lanes`), over real sockets.
 
 Publish and ACK batches commit in child processes of the listener. What the listener itself
 changes (a topic created or renamed over SMQP) must reach them before the next batch, not a
@@ -33,7 +33,7 @@ def storage_pids(listener_pid: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == listener_pid and b"broker.store.storage" in cmdline:
+        if ppid == listener_pid and b"broker.services.storage_calls" in cmdline:
             found.append(int(entry.name))
     return sorted(found)
 

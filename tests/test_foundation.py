@@ -276,7 +276,8 @@ def test_queue_mode_moves_unacked_messages_on_then_to_trash():
     from django.utils import timezone
 
     from broker.models import Delivery, Message, Subscription
-    from broker.services import messages as message_service
+    from broker.services import publish as publish_service
+    from broker.services import sweeps
     from broker.smqp.message import DataSection
     from broker.smqp.message import Message as Wire
     from broker.tasks import requeue_queue_deliveries
@@ -288,20 +289,20 @@ def test_queue_mode_moves_unacked_messages_on_then_to_trash():
         UALEntry.objects.create(topic=q, principal_kind="account", account=who,
                                 right="subscribe")
         Subscription.objects.create(account=who, resource="MESSAGE", pattern="/work")
-    [published] = message_service.publish_batch([message_service.PublishRequest(
+    [published] = publish_service.publish_batch([publish_service.PublishRequest(
         account_id=root.pk, guid="root0001", kind="MESSAGE", topic="/work", cmuid="J1",
         message=Wire([], [DataSection([("Content-Type", "text/plain")], b"job")]))])
     assert len(published.accounts) == 1  # exactly one subscriber holds it
     first = published.accounts[0]
     assert requeue_queue_deliveries() == 0  # not stale yet
     later = timezone.now() + timedelta(seconds=11)
-    assert message_service.requeue_stale_queue_deliveries(later) == 1
+    assert sweeps.requeue_stale_queue_deliveries(later) == 1
     holder = Delivery.objects.get(message_id=published.smuid)
     assert holder.account_id != first and holder.attempts == 1
-    assert message_service.requeue_stale_queue_deliveries(later + timedelta(seconds=11)) == 1
+    assert sweeps.requeue_stale_queue_deliveries(later + timedelta(seconds=11)) == 1
     assert Delivery.objects.get(message_id=published.smuid).account_id == first
     # The third time round, max retries (2) are spent: dead, and the message goes to Trash.
-    assert message_service.requeue_stale_queue_deliveries(later + timedelta(seconds=22)) == 1
+    assert sweeps.requeue_stale_queue_deliveries(later + timedelta(seconds=22)) == 1
     assert Delivery.objects.get(message_id=published.smuid).state == "dead"
     assert Message.objects.get(pk=published.smuid).state == "trash"
 
@@ -315,18 +316,19 @@ def test_ack_commits_skip_the_flush_unless_full_and_restore_it(settings, durabil
     from django.test.utils import CaptureQueriesContext
 
     from broker.models import Delivery
-    from broker.services import messages as message_service
+    from broker.services import ack as ack_service
+    from broker.services import publish as publish_service
     from broker.smqp.message import DataSection
     from broker.smqp.message import Message as Wire
 
     settings.SMQP_ACK_DURABILITY = durability
     root = make_account("root", is_superuser=True)
     make_topic("/acks")
-    [published] = message_service.publish_batch([message_service.PublishRequest(
+    [published] = publish_service.publish_batch([publish_service.PublishRequest(
         account_id=root.pk, guid="root0001", kind="MESSAGE", topic="/acks", cmuid="A1",
         message=Wire([], [DataSection([("Content-Type", "text/plain")], b"x")]))])
     with CaptureQueriesContext(connection) as seen:
-        message_service.ack_batch([message_service.AckRequest(root.pk, published.smuid, 1)])
+        ack_service.ack_batch([ack_service.AckRequest(root.pk, published.smuid, 1)])
     pragmas = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("PRAGMA sync")]
     if durability == "relaxed":
         assert pragmas == ["PRAGMA synchronous=NORMAL",

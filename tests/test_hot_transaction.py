@@ -258,9 +258,9 @@ def test_grouped_inserts_commit_together_or_not_at_all(database):
 HELD_SCRIPT = r"""
 import json
 from accounts.models import Account
-from broker.store import storage
+from broker.services import storage_calls as storage
 from broker.models import Message
-from broker.services.messages import PublishRequest, publish_batch_held
+from broker.services.publish import PublishRequest, publish_batch_held
 from broker.smqp.message import DataSection
 from broker.smqp.message import Message as Wire
 from topics.models import Topic
@@ -328,7 +328,7 @@ from django.db import connection, transaction
 from accounts.models import Account
 from broker.models import Delivery
 from broker.services import subscriptions
-from broker.services.messages import PublishRequest, publish_batch
+from broker.services.publish import PublishRequest, publish_batch
 from broker.smqp.message import DataSection
 from broker.smqp.message import Message as Wire
 from broker.smqp.values import parse_topic_pattern
@@ -355,7 +355,7 @@ def subscribe():
 # REPUBLISH brings a message back from Trash to the topic's subscribers: the same race.
 from django.utils import timezone
 from broker.models import Message
-from broker.services.messages import republish
+from broker.services.publish import republish
 trashed = Message.objects.create(topic=topic, cmuid="old", created=timezone.now(),
                                  state="trash", trashed=timezone.now())
 
@@ -409,7 +409,7 @@ import json
 from django.utils import timezone
 from accounts.models import Account
 from broker.models import Delivery, Message, UsageEvent
-from broker.services.messages import AckRequest, ack_batch
+from broker.services.ack import AckRequest, ack_batch
 from topics.models import Topic
 
 bob = Account.objects.create(username="bob")
@@ -461,7 +461,7 @@ from django.db import connection
 from django.utils import timezone
 from accounts.models import Account
 from broker.models import Delivery, Message
-from broker.services.messages import _finish_statements
+from broker.store.backends.postgresql import finish_statements as _finish_statements
 from topics.models import Topic
 
 bob = Account.objects.create(username="bob")
@@ -533,7 +533,7 @@ from django.db import transaction
 from django.utils import timezone
 from accounts.models import Account
 from broker.models import Delivery, Message
-from broker.services.messages import finish_messages
+from broker.services.ack import finish_messages
 from topics.models import Topic
 
 bob = Account.objects.create(username="bob")

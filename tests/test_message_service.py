@@ -7,7 +7,9 @@ import pytest
 from django.utils import timezone
 
 from broker.models import Delivery, Message
-from broker.services import messages as message_service
+from broker.services import ack as ack_service
+from broker.services import read as read_service
+from broker.services import subscriptions as subscription_service
 from tests.factories import make_account
 from topics.models import Topic
 
@@ -27,20 +29,20 @@ def test_a_new_subscription_gets_every_held_message_however_many():
     bob = make_account("bob")
     topic = Topic.objects.create(path="/many")
     ids = held(topic, 10_050)  # more than one page of the session's backlog
-    assert message_service.subscribe_backlog(bob.pk, [topic], None) == 10_050
+    assert subscription_service.subscribe_backlog(bob.pk, [topic], None) == 10_050
     assert sorted(Delivery.objects.filter(account=bob).values_list("message_id", flat=True)) == ids
     # Subscribing again adds nothing: every held message is already the account's.
-    assert message_service.subscribe_backlog(bob.pk, [topic], None) == 0
+    assert subscription_service.subscribe_backlog(bob.pk, [topic], None) == 0
 
 
 def test_a_backlog_page_is_the_first_messages_in_delivery_order():
     bob = make_account("bob")
     topic = Topic.objects.create(path="/order")
     ids = held(topic, 6, priorities={4: 1, 2: 3})
-    message_service.subscribe_backlog(bob.pk, [topic], None)
-    page = message_service.backlog_for([bob.pk], limit=3)
+    subscription_service.subscribe_backlog(bob.pk, [topic], None)
+    page = read_service.backlog_for([bob.pk], limit=3)
     assert [smuid for _, _, smuid in page] == [ids[4], ids[2], ids[0]]
-    everything = message_service.backlog_for([bob.pk], limit=100)
+    everything = read_service.backlog_for([bob.pk], limit=100)
     assert [smuid for _, _, smuid in everything] == [ids[4], ids[2], ids[0], ids[1], ids[3],
                                                      ids[5]]
 
@@ -49,9 +51,9 @@ def test_several_accounts_backlogs_each_get_their_own_page():
     bob, alice = make_account("bob"), make_account("alice")
     topic = Topic.objects.create(path="/both")
     ids = held(topic, 5, priorities={3: 1})
-    message_service.subscribe_backlog(bob.pk, [topic], None)
+    subscription_service.subscribe_backlog(bob.pk, [topic], None)
     Delivery.objects.create(account=alice, message_id=ids[4])
-    rows = message_service.backlog_for([bob.pk, alice.pk], limit=2)
+    rows = read_service.backlog_for([bob.pk, alice.pk], limit=2)
     # bob's first two in delivery order (Priority 1 first), and alice's one.
     assert [(a, m) for a, _, m in rows] == [(bob.pk, ids[3]), (bob.pk, ids[0]),
                                             (alice.pk, ids[4])]
@@ -62,7 +64,7 @@ def test_a_queue_topic_backlog_skips_messages_another_subscriber_holds():
     topic = Topic.objects.create(path="/q", delivery_mode=Topic.DeliveryMode.QUEUE)
     ids = held(topic, 3)
     Delivery.objects.create(account=bob, message_id=ids[0])
-    assert message_service.subscribe_backlog(alice.pk, [topic], None) == 2
+    assert subscription_service.subscribe_backlog(alice.pk, [topic], None) == 2
     assert sorted(Delivery.objects.filter(account=alice).values_list("message_id", flat=True)) \
         == ids[1:]
 
@@ -96,7 +98,7 @@ def test_only_an_accounts_first_ack_counts_and_the_first_ack_sends_the_receipt()
     receipts_topic = Topic.objects.get(account=pub)
 
     def ack(account, message):
-        return message_service.ack_batch([message_service.AckRequest(account.pk, message.pk)])
+        return ack_service.ack_batch([ack_service.AckRequest(account.pk, message.pk)])
 
     [receipt] = ack(bob, held_one)
     assert receipt.topic_id == receipts_topic.pk
@@ -132,14 +134,14 @@ def test_an_ack_of_a_deleted_account_is_moot_and_fails_nothing(monkeypatch):
     resolution.invalidate_local()
 
     def acks(message):
-        return [message_service.AckRequest(gone_id, message.pk, 1, False),
-                message_service.AckRequest(bob.pk, message.pk, 1, False)]
+        return [ack_service.AckRequest(gone_id, message.pk, 1, False),
+                ack_service.AckRequest(bob.pk, message.pk, 1, False)]
 
-    assert message_service.ack_batch(acks(first)) == []
-    real = message_service.snapshot_for_id
-    monkeypatch.setattr(message_service, "snapshot_for_id",
+    assert ack_service.ack_batch(acks(first)) == []
+    real = ack_service.snapshot_for_id
+    monkeypatch.setattr(ack_service, "snapshot_for_id",
                         lambda account_id: stale if account_id == gone_id else real(account_id))
-    assert message_service.ack_batch(acks(second)) == []
+    assert ack_service.ack_batch(acks(second)) == []
     assert sorted(Delivery.objects.values_list("message_id", "account_id", "state")) == [
         (first.pk, bob.pk, "acked"), (second.pk, bob.pk, "acked")]
 
@@ -164,8 +166,8 @@ def test_an_ack_that_owes_no_receipt_looks_for_none():
         seen: list[str] = []
         connection.connection.set_trace_callback(seen.append)
         try:
-            assert message_service.ack_batch(
-                [message_service.AckRequest(bob.pk, smuid, 1, receipt)]) == []
+            assert ack_service.ack_batch(
+                [ack_service.AckRequest(bob.pk, smuid, 1, receipt)]) == []
         finally:
             connection.connection.set_trace_callback(None)
         return [s.lower() for s in seen]

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from broker.consumers.smqp import SMQPConsumer
-from broker.services.messages import AckRequest
+from broker.services.ack import AckRequest
 from broker.smqp.message import DataSection, Message
 
 ACCOUNT = 42

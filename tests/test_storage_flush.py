@@ -1,10 +1,10 @@
-"""The storage process's own WAL flush (:func:`broker.store.storage.flush_behind`), through its
+"""The storage process's own WAL flush (:func:`broker.store.worker.serve`), through its
 socket, against a real SQLite database.
 
 On SQLite with ``synchronous=FULL`` the storage process commits with NORMAL and flushes the
 WAL itself before it answers a publish. The tests speak the lane protocol to a real
-``broker.store.storage`` process whose ``os.fdatasync`` waits for the test's word, so they can
-see what is answered before the flush and what only after it.
+``broker.services.storage_calls`` process whose ``os.fdatasync`` waits for the test's word,
+so they can see what is answered before the flush and what only after it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ from pathlib import Path
 import dj_database_url
 import pytest
 
-from broker.services.messages import AckRequest, Published, PublishRequest
+from broker.services.ack import AckRequest
+from broker.services.publish import Published, PublishRequest
 from broker.smqp.message import DataSection, Message
-from broker.store.storage import _LENGTH, LONG_CALL_BYTES, take_frame
+from broker.store.frames import LENGTH as _LENGTH
+from broker.store.frames import take_frame
+from broker.store.worker import LONG_CALL_BYTES
 from tests.conftest import ROOT, accounts_script, fresh_database, run_manage
 
 pytestmark = pytest.mark.e2e
@@ -40,7 +43,7 @@ def gated(fd):
     os.read(release, 1)
     real(fd)
 os.fdatasync = gated
-from broker.store.storage import main
+from broker.services.storage_calls import main
 main(sys.argv[1:3])
 """
 
@@ -200,7 +203,7 @@ async def test_the_listener_matches_answers_to_calls_by_number_not_order():
     publish's that waits for its flush): each call gets its own."""
     import asyncio
 
-    from broker.store.storage import Lane, _Reader
+    from broker.store.lanes import Lane, _Reader
 
     loop = asyncio.get_running_loop()
     lane = Lane("test", "unused")

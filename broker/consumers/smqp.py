@@ -27,10 +27,10 @@ from django.utils import timezone
 from accounts.models import Account, LoginSession
 from accounts.scram import ScramError, ScramServer
 from broker.delivery import Dispatcher, get_dispatcher
-from broker.services import ServiceError, notify
+from broker.services import ServiceError, freshness, notify, publish, read
 from broker.services import accounts as account_service
+from broker.services import ack as ack_service
 from broker.services import auth as auth_service
-from broker.services import messages as message_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.smqp import commands as c
@@ -54,13 +54,6 @@ logger = logging.getLogger("broker.smqp")
 
 # Publishes a session parses in one go before other sessions get a turn (see _process).
 PUBLISHES_PER_TURN = 32
-# Answers that refuse a command for a topic or a right this process may not know of yet,
-# and the commands answered again from fresh caches before such a refusal is given (each
-# changes nothing before its service call decides).
-REFUSALS = message_service.REFUSALS
-RECHECKED = (c.Count, c.ListTopic, c.ListMessage, c.CreateTopic, c.RemoveTopic,
-             c.SetTopicName, c.SetTopicKeywords, c.FindTopic, c.Republish, c.Subscribe,
-             c.Unsubscribe, c.GetMessage, c.GetTopicKeywords)
 # Commands a client may send before it has logged in.
 BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit, c.RawLine)
 # Topic notifications kept for a session while it has notifications suspended.
@@ -292,16 +285,9 @@ class SMQPConsumer(AsyncConsumer):
             self.reply(501, "Not implemented")
             return
         try:
-            try:
-                await handler(command)
-            except ServiceError as exc:
-                if (exc.code not in REFUSALS or not isinstance(command, RECHECKED)
-                        or not await dbthread.run(message_service.caches_were_stale)):
-                    raise
-                # The topic or the right may be a moment old, made by another process (the
-                # admin, another listener), which this one hears of a poll later: a refusal
-                # (nothing done) is answered from fresh caches only.
-                await handler(command)
+            # A refusal is given from fresh caches only: the services see to it
+            # (broker.services.freshness).
+            await handler(command)
         except ServiceError as exc:
             self.reply(exc.code, exc.text)
         except ProtocolError as exc:
@@ -453,7 +439,7 @@ class SMQPConsumer(AsyncConsumer):
         # A session sees every change committed before it logged in (a UAL edit, a topic
         # made or removed by another process), not only after this process's next poll of
         # the shared generations (SMQP_CACHE_POLL_SECONDS): they are read now.
-        message_service.caches_were_stale()
+        freshness.caches_were_stale()
         auth_service.record_success(self.peer_host)
         return auth_service.begin_session(account, peer=self.peer, method=method)
 
@@ -573,7 +559,7 @@ class SMQPConsumer(AsyncConsumer):
     def _start_publish(self, cmd: c.Publish) -> None:
         """Hand the message to the dispatcher's next group commit without waiting, so that
         pipelined publishes share a transaction; the reply is written once it committed."""
-        request = message_service.PublishRequest(
+        request = publish.PublishRequest(
             account_id=self.account_id, guid=self.session.guid if self.session else "",
             kind=cmd.kind, topic=cmd.topic, cmuid=cmd.cmuid, message=cmd.message, peer=self.peer)
         self._outstanding.append((self.dispatcher.publish(request), cmd.cmuid))
@@ -609,7 +595,7 @@ class SMQPConsumer(AsyncConsumer):
             self._outstanding.popleft()
 
     async def cmd_republish(self, cmd: c.Republish) -> None:
-        published = await self._as_account(message_service.republish, cmd.topic, cmd.smuid)
+        published = await self._as_account(publish.republish, cmd.topic, cmd.smuid)
         self.dispatcher.wake([published])
         self.reply(200, "OK")
 
@@ -621,7 +607,7 @@ class SMQPConsumer(AsyncConsumer):
             while True:
                 try:
                     found = await self._as_account(
-                        message_service.get_messages, cmd.topic, cmd.smuids, after)
+                        read.get_messages, cmd.topic, cmd.smuids, after)
                 except Exception:
                     if not sent:
                         raise  # nothing written yet: an error reply as for any command
@@ -781,9 +767,9 @@ class SMQPConsumer(AsyncConsumer):
             self._retry.cancel()
             self._retry = None
         payload = self._inflight_payload
-        receipt = payload is None or message_service.may_want_receipt(payload[2])
-        await self.dispatcher.ack(message_service.AckRequest(self.account_id, smuid,
-                                                             self._attempts, receipt))
+        receipt = payload is None or ack_service.may_want_receipt(payload[2])
+        await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,
+                                                         self._attempts, receipt))
         for other in self.dispatcher.sessions.get(self.account_id, ()):
             if other is not self:
                 other.forget(smuid)

@@ -4,7 +4,7 @@ Every listener process has one :class:`Dispatcher` (per event loop). Publishes a
 all sessions queue here; one writer task for each stores whatever has queued up in a single
 transaction (so a burst of publishes costs one commit, not one each), and only then lets the
 sessions answer ``200`` / ``310 ACK``. The commits run in storage processes
-(:mod:`broker.store.storage`), on PostgreSQL side by side, each on a connection of its own
+(:mod:`broker.store.lanes`), on PostgreSQL side by side, each on a connection of its own
 (:func:`broker.store.dbthread.acks_apart`). After each commit it offers the
 new messages to the subscribed sessions of this process directly, and to other processes
 through the Channels layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
@@ -26,22 +26,21 @@ from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Iterable
 from typing import Protocol
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
 from broker.domain.message import DataSection, Message
-from broker.services import ServiceError
-from broker.services import messages as message_service
-from broker.services.messages import AckRequest, Published, PublishRequest
+from broker.services import ServiceError, notify, read, storage_calls
+from broker.services.ack import AckRequest, ack_batch, mark_dead
+from broker.services.notify import DISPATCH_GROUP
+from broker.services.publish import Published, PublishRequest
 from broker.store import dbthread, journal
-from broker.store.storage import Storage, StorageLost
+from broker.store.lanes import Storage, StorageLost
 
 from .linger import PublishLinger
 
 logger = logging.getLogger("broker.delivery")
 
-DISPATCH_GROUP = "smqp-dispatch"
 # Loaded messages kept for NOTIFY (bytes of data held at most, roughly).
 CACHE_BYTES = 64 * 1024 * 1024
 # Largest group committed at once (bounded so one commit stays short).
@@ -144,7 +143,7 @@ class Dispatcher:
         self._peers: dict[str, float] = {}
         self._startup_until = asyncio.get_running_loop().time() + PEER_STARTUP_SECONDS
         self._greeter: asyncio.Task | None = None
-        self.storage = Storage()
+        self.storage = Storage(storage_calls.LISTENER_SIDE)
         self.storage.start()
         self._writer = asyncio.ensure_future(self._publish_loop())
         self._acker = asyncio.ensure_future(self._ack_loop())
@@ -431,14 +430,14 @@ class Dispatcher:
 
     async def backlog(self, account_ids: list[int]) -> tuple[list[tuple[int, int, int]], bool]:
         """(account, priority, smuid) of what the store holds for these accounts (each
-        account's first page, :func:`~broker.services.messages.backlog_for`), and whether a
+        account's first page, :func:`~broker.services.read.backlog_for`), and whether a
         page was full. Left out: messages ACKed here whose ACK may not have reached the
         database when the query read it (in the journal, or its batch committed after the
         query began); they are ACKed, never to be offered again."""
         mark = self._batches_applied
         self._reads[mark] += 1
         try:
-            rows = await dbthread.run(message_service.backlog_for, account_ids)
+            rows = await dbthread.run(read.backlog_for, account_ids)
         finally:
             self._reads[mark] -= 1
             if not self._reads[mark]:
@@ -611,7 +610,7 @@ class Dispatcher:
         entry = self._cache.get(smuid)
         if entry is not None:
             return _unpack(entry)
-        loaded = await dbthread.run(message_service.load_for_delivery, [smuid])
+        loaded = await dbthread.run(read.load_for_delivery, [smuid])
         return loaded.get(smuid)
 
     async def retry_policy(self, topic_path: str) -> tuple[int, int]:
@@ -620,7 +619,7 @@ class Dispatcher:
         cached = self._policies.get(topic_path)
         if cached is not None and cached[0] > loop.time():
             return cached[1]
-        policy = await dbthread.run(message_service.retry_policy, topic_path)
+        policy = await dbthread.run(read.retry_policy, topic_path)
         self._policies[topic_path] = (loop.time() + 5.0, policy)
         return policy
 
@@ -632,7 +631,7 @@ class Dispatcher:
         key = (account_id, topic_path)
         if self._grants.get(key, 0.0) > loop.time():
             return True
-        ok = await dbthread.run(message_service.deliverable, account_id, smuid)
+        ok = await dbthread.run(read.deliverable, account_id, smuid)
         if ok:
             if len(self._grants) > 10_000:
                 self._grants.clear()
@@ -643,7 +642,7 @@ class Dispatcher:
 
     async def dead(self, account_id: int, smuid: int) -> None:
         """The account's maximum retries are spent for this message."""
-        await dbthread.run(message_service.mark_dead, [(account_id, smuid)])
+        await dbthread.run(mark_dead, [(account_id, smuid)])
 
     def close(self) -> None:
         if self._linger_timer is not None:
@@ -693,7 +692,7 @@ def _entry_size(entry: bytes) -> int:
 def _may_send(in_flight: int, queued: int, window: tuple[int, int, int]) -> bool:
     """May a publish batch of the ``queued`` publishes go, with ``in_flight`` on their way?
     ``window``: (at most, whatever their size, beyond that only with this many publishes:
-    a batch worth its transaction); see :attr:`broker.store.storage.Storage.publish_window`."""
+    a batch worth its transaction); see :attr:`broker.store.lanes.Storage.publish_window`."""
     limit, always, large = window
     return in_flight < min(limit, always) or (in_flight < limit and queued >= large)
 
@@ -732,19 +731,7 @@ def recover_journals() -> int:
     periodically. Returns how many ACKs were applied."""
 
     def apply(records: list[tuple[int, int, int, bool]]) -> None:
-        wake_from_sync(message_service.ack_batch([AckRequest(*r) for r in records]))
+        notify.messages_committed(ack_batch([AckRequest(*r) for r in records]))
 
     return journal.recover(journal.directory(), apply)
 
-
-def wake_from_sync(published: list[Published]) -> None:
-    """Offer messages committed outside the listener (the Celery sweeps): to the
-    sessions of every process through the Channels layer."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    items = [[p.priority, p.smuid, p.accounts] for p in published if p.accounts]
-    if items:
-        with contextlib.suppress(Exception):
-            async_to_sync(layer.group_send)(
-                DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "", "items": items})

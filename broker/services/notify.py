@@ -1,14 +1,20 @@
-"""Notifications to subscribed accounts (NOTIFY TOPIC / SUB / SERVER).
+"""What the services announce: notifications to subscribed accounts (NOTIFY TOPIC / SUB /
+SERVER), and committed messages to the dispatchers that deliver them.
 
 Services decide who is told what; the events travel, after the transaction commits, through
-the Channels layer to the group ``account-<id>`` that every live session of an account joins,
-in whichever listener process it runs. Doors turn the events into their own wire form.
+the Channels layer: notifications to the group ``account-<id>`` that every live session of an
+account joins, in whichever listener process it runs (doors turn them into their own wire
+form); committed messages to the dispatch group every listener's dispatcher reads
+(:func:`messages_committed`). Services never import a door or the dispatcher: this module is
+how they reach them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
+from typing import Protocol
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -49,3 +55,41 @@ def subscribers_event(topic_path: str, count: int) -> dict:
 
 def server_timeout_event(seconds: int) -> dict:
     return {"type": "smqp.notify", "kind": "server_timeout", "timeout": seconds}
+
+
+# ------------------------------------------------------------------ committed messages
+
+#: The Channels group every listener's dispatcher reads (``broker.delivery``): a
+#: ``dispatch.wake`` event there offers messages to the subscriber sessions of each process.
+DISPATCH_GROUP = "smqp-dispatch"
+
+
+class Committed(Protocol):
+    """What a wake-up says of a committed message (the services' ``Published``)."""
+
+    smuid: int
+    priority: int
+    accounts: list[int]
+
+
+def messages_committed(published: Iterable[Committed]) -> None:
+    """Announce messages committed outside a listener's group commit (a sweep, a journal
+    recovery, a single publish or ACK) to the subscriber sessions of every process: one
+    ``dispatch.wake`` event on :data:`DISPATCH_GROUP`. Call it once they are committed
+    (inside a transaction: :func:`messages_committed_on_commit`). Best-effort, as every
+    wake-up: a lost one is made up for by the dispatchers' backlog sweeps."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    items = [[p.priority, p.smuid, p.accounts] for p in published if p.accounts]
+    if items:
+        with contextlib.suppress(Exception):
+            async_to_sync(layer.group_send)(
+                DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "", "items": items})
+
+
+def messages_committed_on_commit(published: list[Committed]) -> None:
+    """:func:`messages_committed` once the current transaction commits (at once outside
+    one), as Zulip's ``send_event_on_commit``."""
+    if any(p.accounts for p in published):
+        transaction.on_commit(lambda: messages_committed(published))

@@ -6,20 +6,25 @@ Subscriptions belong to the account (they outlive sessions). Patterns are a topi
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from broker.domain.values import TopicPattern
 from broker.models import Subscription
+from broker.store import messages as stored
+from broker.store.rows import lock_topics
 from topics.models import Topic
+from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot
 
 from . import ServiceError, not_found, notify, unauthorized
-from . import messages as message_service
 from . import topics as topic_service
+from .freshness import answer_from_fresh_caches
 
 R = Subscription.Resource
 SERVER_TIMEOUT_PATTERN = "TIMEOUT"
@@ -38,6 +43,7 @@ def _check_limits(account_id: int, adding: int) -> None:
         raise ServiceError(414, "Resource too large (cannot subscribe to any more)")
 
 
+@answer_from_fresh_caches
 @transaction.atomic
 def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | None,
               since: datetime | None = None) -> list[str]:
@@ -73,8 +79,27 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
         if created:
             _announce_counts(matched)
         # Messages still held there that the account never got are delivered now.
-        message_service.subscribe_backlog(account.pk, matched, since)
+        subscribe_backlog(account.pk, matched, since)
     return [t.path for t in matched] or [str(pattern)]
+
+
+def subscribe_backlog(account_id: int, topics: list[Topic | Node],
+                      since: datetime | None) -> int:
+    """A new MESSAGE subscription: messages still held on these topics (published after
+    ``since``, not expired) that the account never got become pending deliveries for it,
+    however many there are (one INSERT ... SELECT each kind of topic; the session reads
+    them page by page). On a topic in delivery mode ``queue`` only messages no subscriber
+    holds yet: each message goes to one subscriber. Returns how many deliveries were
+    added."""
+    now = timezone.now()
+    by_mode: dict[bool, set[int]] = defaultdict(set)
+    for topic in topics:
+        target = topic.resolved()
+        by_mode[target.delivery_mode == Topic.DeliveryMode.QUEUE].add(target.pk)
+    # A publish batch under way on these topics commits first, or sees this subscription.
+    lock_topics(by_mode[False] | by_mode[True], exclusive=True)
+    return sum(stored.add_backlog(account_id, topic_ids, queue=queue, since=since, now=now)
+               for queue, topic_ids in by_mode.items() if topic_ids)
 
 
 def _store(account_id: int, resource: str, pattern: str, since: datetime | None) -> bool:
@@ -100,6 +125,7 @@ def _announce_counts(topics: list[Topic]) -> None:
             notify.send_after_commit(watchers, notify.subscribers_event(topic.path, count))
 
 
+@answer_from_fresh_caches
 @transaction.atomic
 def unsubscribe(snapshot: AccessSnapshot, resource: str,
                 pattern: TopicPattern | None) -> list[tuple[str, str]]:

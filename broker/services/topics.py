@@ -24,6 +24,7 @@ from ual.models import Right
 from ual.resolution import AccessSnapshot, level_keys, snapshot_for_id
 
 from . import ServiceError, conflict, not_allowed, not_found, notify, unauthorized
+from .freshness import answer_from_fresh_caches
 
 TRASH = "trash"
 
@@ -93,17 +94,23 @@ def _matching(snapshot: AccessSnapshot, pattern: TopicPattern) -> list[Node]:
 # ------------------------------------------------------------------------------- COUNT/LIST
 
 
+@answer_from_fresh_caches
 def children(snapshot: AccessSnapshot, path: str) -> list[Node]:
     """LIST TOPIC: the visible children of ``path`` (``/``: the first-level topics)."""
+    return _children(snapshot, path)
+
+
+def _children(snapshot: AccessSnapshot, path: str) -> list[Node]:
     parent_id = None if path == "/" else visible_node(snapshot, path).pk
     kids = topic_tree.tree().children.get(parent_id, [])
     return [t for t in _active(kids) if snapshot.can_see(t)]
 
 
+@answer_from_fresh_caches
 def count_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
     """COUNT TOPIC: children of a topic, or with a wildcard all descendants at any depth."""
     if not pattern.wildcard:
-        return len(children(snapshot, pattern.base))
+        return len(_children(snapshot, pattern.base))
     return len(_matching(snapshot, pattern))
 
 
@@ -119,6 +126,7 @@ def _require(snapshot: AccessSnapshot, topic: Topic, right: str) -> None:
         raise unauthorized(f"no {right} right on {topic.path}")
 
 
+@answer_from_fresh_caches
 def count_messages(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
     """COUNT MESSAGE: messages now held in the queue(s) (or in Trash for ``/t/Trash``)."""
     topics, trash = _message_topics(snapshot, pattern)
@@ -129,6 +137,7 @@ def count_messages(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
     return Message.objects.filter(topic_id__in=allowed, state=state).count()
 
 
+@answer_from_fresh_caches
 def list_messages(snapshot: AccessSnapshot, path: str) -> list[int]:
     """LIST MESSAGE: the smuids now in the queue (or in its Trash)."""
     topics, trash = _message_topics(snapshot, TopicPattern(path, False))
@@ -157,6 +166,7 @@ def subscriber_accounts(topic: Topic, resource: str = Subscription.Resource.MESS
     )
 
 
+@answer_from_fresh_caches
 def count_subscribers(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
     """COUNT SUBSCRIBERS: accounts subscribed to the topic's messages (with a wildcard, to any
     topic below it)."""
@@ -229,6 +239,7 @@ def _notify_topic(topic: Topic, action: str, value: str | None = None,
     notify.send_after_commit(allowed, notify.topic_event(topic.path, action, value))
 
 
+@answer_from_fresh_caches
 @transaction.atomic
 def create_topic(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...] | None = None,
                  link_path: str | None = None) -> Topic:
@@ -269,6 +280,7 @@ def _guard_account_topic(topic: Topic, what: str) -> None:
         raise not_allowed(f"account topics cannot be {what} by commands")
 
 
+@answer_from_fresh_caches
 @transaction.atomic
 def remove_topic(snapshot: AccessSnapshot, path: str) -> int:
     """REMOVE TOPIC: the topic and everything below it (and virtual topics linking there)
@@ -321,6 +333,7 @@ def finalize_removal(topic_ids: list[int] | None = None) -> int:
 # ---------------------------------------------------------------------------- SET TOPIC ...
 
 
+@answer_from_fresh_caches
 @transaction.atomic
 def rename_topic(snapshot: AccessSnapshot, path: str, new_path: str) -> Topic:
     """SET TOPIC NAME: the topic (and its subtree) takes the new path; pending messages stay
@@ -352,6 +365,7 @@ def rename_topic(snapshot: AccessSnapshot, path: str, new_path: str) -> Topic:
     return topic
 
 
+@answer_from_fresh_caches
 @transaction.atomic
 def set_keywords(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...]) -> Topic:
     """SET TOPIC KEYWORD: replace the topic's keywords."""
@@ -366,10 +380,12 @@ def keywords_of(topic: Topic) -> list[str]:
     return list(topic.keywords.order_by("position").values_list("keyword", flat=True))
 
 
+@answer_from_fresh_caches
 def get_keywords(snapshot: AccessSnapshot, path: str) -> list[str]:
     return list(visible_node(snapshot, path).keywords)
 
 
+@answer_from_fresh_caches
 def find_topics(snapshot: AccessSnapshot, pattern: TopicPattern,
                 keywords: tuple[str, ...] | None) -> list[tuple[Node, list[str]]]:
     """FIND TOPIC: the topic (or with a wildcard every topic below it) whose keywords match:

@@ -8,7 +8,7 @@ its thread-sensitivity machinery, about twice the CPU of a plain executor hop. T
 makes two such hops per delivered message (its ACK and its publish), so that was a large
 share of the delivery round trip. On PostgreSQL, ACK batches have a thread (and connection)
 of their own: :func:`run_ack`. The group commits themselves normally run in storage
-processes (:mod:`broker.store.storage`); these threads run them when those are turned off.
+processes (:mod:`broker.store.lanes`); these threads run them when those are turned off.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from django.db import close_old_connections, connection
 
-from broker.store.rows import Unsent, vendor
+from .backends import Unsent, backend
 
 T = TypeVar("T")
 
@@ -34,7 +34,7 @@ def call_here(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     # As Channels does around each call: drop a connection that broke or outlived
     # CONN_MAX_AGE, before and after, so the next call gets a working one. Not while a
     # transaction is held open between two calls (a storage process's publish batch held
-    # before its COMMIT: messages.publish_batch_held).
+    # before its COMMIT: broker.services.storage_calls).
     if not connection.in_atomic_block:
         close_old_connections()
     try:
@@ -60,9 +60,9 @@ def acks_apart() -> bool:
     """Do ACK batches commit on a thread and connection of their own? On PostgreSQL, yes: a
     subscriber's ACK (and so its next NOTIFY) then never waits for a publish transaction
     that is committing, the two run side by side. On SQLite, no: it has one writer, and a
-    second connection would wait for the lock in its busy handler (sleeps of a millisecond
-    and more) instead of in this queue."""
-    return vendor() == "postgresql"
+    second connection would wait for the lock in its busy handler instead of in this queue
+    (:attr:`.backends.Backend.acks_apart`)."""
+    return backend().acks_apart
 
 
 async def run_ack(fn: Callable[..., T], *args: Any) -> T:

@@ -72,7 +72,7 @@ class Command(BaseCommand):
     async def _serve(self, host: str, port: int, reuse_port: bool, grace: float) -> None:
         from broker.delivery import get_dispatcher
         from broker.delivery import shutdown as shutdown_dispatchers
-        from broker.store.storage import StorageLost
+        from broker.store.lanes import StorageLost
 
         # The dispatcher first: its storage processes load Django (about a second) while
         # this one loads the rest, and the listener serves once they do. The first publish

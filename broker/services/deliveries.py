@@ -1,0 +1,91 @@
+"""Who a message goes to, on what terms, and when its timeout starts (profile §8).
+
+Shared by every verb that makes deliveries: publish, republish, receipts, the queue-mode
+sweep. The statements are the store's (:mod:`broker.store.messages`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from broker.models import Message
+from broker.store import messages as stored
+from broker.store.rows import from_db_datetime
+from topics import tree as topic_tree
+from topics.models import Topic
+from topics.tree import Node
+from ual.models import Right
+from ual.resolution import snapshot_for_id
+
+from . import topics as topic_service
+
+#: Sort key of a message without Priority: after every message that has one.
+NO_PRIORITY = 2**31
+
+
+def effective(topic: Topic | Node) -> dict[str, int | None]:
+    """Queue parameters in effect on a topic (from the in-memory tree)."""
+    tree = topic_tree.tree()
+    found = tree.by_id.get(topic.pk)
+    if found is None:  # created in this very transaction: not in any tree yet
+        return {name: value for name, (value, _) in Topic.objects.get(
+            pk=topic.pk).effective_parameters().items()}
+    return tree.effective(found)
+
+
+def subscribers(topics: list[Topic | Node],
+                now: datetime) -> Callable[[], dict[int, list[tuple[int, datetime | None]]]]:
+    """For each topic id: the (account, since) of MESSAGE subscriptions covering it, by its
+    own name or the name of a virtual topic linking to it. The query is sent at once; the
+    returned function reads its answer (see :func:`broker.store.rows.query`)."""
+    tree = topic_tree.tree()
+    wanted: dict[str, list[int]] = defaultdict(list)
+    for topic in topics:
+        for key in topic_service.covering_patterns(topic.key):
+            wanted[key].append(topic.pk)
+        known = tree.by_id.get(topic.pk)
+        for virtual_id in known.virtual_ids if known is not None else ():
+            for key in topic_service.covering_patterns(tree.by_id[virtual_id].key):
+                wanted[key].append(topic.pk)
+    if not wanted:
+        return lambda: {}
+    rows = stored.message_subscriptions(list(wanted))
+
+    def read() -> dict[int, list[tuple[int, datetime | None]]]:
+        result: dict[int, list[tuple[int, datetime | None]]] = defaultdict(list)
+        for key, account_id, since in rows():
+            for topic_id in wanted[key]:
+                result[topic_id].append((account_id, from_db_datetime(since)))
+        return result
+
+    return read
+
+
+def receivers(subscriptions: Iterable[tuple[int, datetime | None]], topic: Topic | Node,
+              now: datetime) -> list[int]:
+    """The accounts to deliver a message of ``topic`` published ``now`` to, from the
+    (account, since) of the subscriptions covering it (:func:`subscribers`): those whose
+    since-time has come and that may (still) receive from it, ascending."""
+    return may_receive([a for a, since in subscriptions if since is None or since <= now],
+                       topic)
+
+
+def may_receive(account_ids: list[int], topic: Topic | Node) -> list[int]:
+    """The accounts among ``account_ids`` that may (still) subscribe to ``topic``, from the
+    cached access snapshots (a deleted or disabled account may not)."""
+    return sorted({a for a in account_ids if snapshot_for_id(a).allows(topic, Right.SUBSCRIBE)})
+
+
+def pick_queue_consumer(accounts: list[int], smuid: int) -> int:
+    """Queue mode: each message to exactly one subscribing account, in turn."""
+    return accounts[smuid % len(accounts)]
+
+
+def start_timeouts(message_ids: list[int], now: datetime) -> None:
+    """The timeout of these messages starts now: set their expiry (none for state
+    messages, whose timeout is negative)."""
+    if message_ids:
+        stored.start_timeouts(
+            list(Message.objects.filter(pk__in=message_ids).values_list("pk", "timeout")), now)

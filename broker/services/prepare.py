@@ -1,0 +1,137 @@
+"""One publish checked and made a row (profile §8): where it goes (its topic, or for PUB REPLY
+the original publisher's account topic), whether the account may publish there, the topic's
+size limit, and the header values as stored. Nothing is written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from broker.domain import message as codec
+from broker.domain.values import (
+    format_datetime,
+    parse_bool,
+    parse_datetime,
+    parse_int,
+    parse_smuid_header,
+    parse_timeout,
+)
+from broker.models import Message
+from broker.store.messages import NewMessage
+from topics.models import Topic
+from topics.tree import Node
+from ual.models import Right
+from ual.resolution import AccessSnapshot
+
+from . import ServiceError, not_found, unauthorized
+from . import topics as topic_service
+from .deliveries import effective
+
+
+@dataclass
+class PublishRequest:
+    """One PUB MESSAGE / PUB REPLY as the door received it."""
+
+    account_id: int
+    guid: str
+    kind: str  # "MESSAGE" or "REPLY"
+    topic: str
+    cmuid: str
+    message: codec.Message
+    peer: str = ""
+
+
+def too_large(reason: str) -> ServiceError:
+    return ServiceError(414, f"Resource too large ({reason})")
+
+
+def prepare(snapshot: AccessSnapshot, req: PublishRequest,
+            now: datetime) -> tuple[Topic | Node, NewMessage]:
+    """The topic a publish goes to and its row; raises the ServiceError that refuses it
+    (a header that does not parse: ValueError)."""
+    msg = req.message
+    original = None
+    if req.kind == "REPLY":
+        topic, original = _reply_target(snapshot, req)
+    else:
+        found = topic_service.node(req.topic)
+        if found is None or found.state != Topic.State.ACTIVE or not snapshot.can_see(found):
+            raise not_found("topic")
+        topic = found.resolved()
+        if topic.state != Topic.State.ACTIVE:
+            raise not_found("topic")
+        if not snapshot.allows(found, Right.PUBLISH):
+            raise unauthorized(f"no publish right on {found.path}")
+    params = effective(topic)
+    size = sum(len(s.body) for s in msg.sections)
+    limit = params["max_message_size"]
+    if limit is not None and size > limit:
+        raise too_large(f"message of {size} bytes; {topic.path} takes at most {limit}")
+    timeout_hdr = msg.get("Timeout")
+    timeout = parse_timeout(timeout_hdr) if timeout_hdr else params["expiry_timeout"]
+    priority = msg.get("Priority")
+    sequence = msg.get("Sequence")
+    created = msg.get("Created")
+    row = NewMessage(
+        topic_id=topic.pk,
+        publisher_id=req.account_id,
+        publisher_guid=req.guid,
+        cmuid=req.cmuid[:200],
+        name=(msg.get("Name") or "")[:128],
+        priority=parse_int(priority, minimum=1) if priority else None,
+        created=parse_datetime(created) if created else now,
+        timeout=timeout,
+        depth=parse_int(msg.get("Depth") or "0", minimum=-1),
+        sequence=parse_int(sequence, minimum=1) if sequence else None,
+        receipt=parse_bool(msg.get("Receipt") or "NO"),
+        reply=parse_bool(msg.get("Reply") or "NO"),
+        in_reply_to_id=original.pk if original is not None else None,
+        headers=_stored_headers(req, now),
+        size=size,
+        sections=msg.sections,
+    )
+    return topic, row
+
+
+def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic, Message | None]:
+    """PUB REPLY goes to the original publisher's account topic; the reply right is needed
+    on the topic the original message was received from."""
+    topic = topic_service.node(req.topic)
+    if topic is None or not snapshot.can_see(topic):
+        raise not_found("topic")
+    if not snapshot.allows(topic, Right.REPLY):
+        raise unauthorized(f"no reply right on {topic.path}")
+    original = None
+    smuid_hdr = req.message.get("Smuid")
+    if smuid_hdr:
+        _, number = parse_smuid_header(smuid_hdr)
+        original = Message.objects.filter(pk=number).select_related("publisher").first()
+    account_name = None
+    cmuid_hdr = req.message.get("Cmuid")
+    if cmuid_hdr:
+        account_name = cmuid_hdr.split("/", 1)[0]
+    elif original is not None and original.publisher is not None:
+        account_name = original.publisher.username
+    if not account_name:
+        raise not_found("original message")
+    target = Topic.objects.filter(account__username_key=account_name.casefold()).first()
+    if target is None:
+        raise not_found("original publisher")
+    return target, original
+
+
+def _stored_headers(req: PublishRequest, now: datetime) -> list[tuple[str, str]]:
+    """The header as stored: as sent, with Created filled in when missing; a reply's Smuid and
+    Cmuid (naming the message it answers) are kept as X-Reply-Smuid / X-Reply-Cmuid."""
+    headers: list[tuple[str, str]] = []
+    for name, value in req.message.headers:
+        if name == "Smuid":
+            headers.append(("X-Reply-Smuid", value))
+        elif name == "Cmuid":
+            headers.append(("X-Reply-Cmuid", value))
+        else:
+            headers.append((name, value))
+    if req.message.get("Created") is None:
+        headers.insert(0, ("Created", format_datetime(now)))
+    return headers

@@ -1,0 +1,241 @@
+"""PUB MESSAGE / PUB REPLY and REPUBLISH (profile §8).
+
+Two forms of one verb: :func:`publish`, one message in a transaction of its own (what a REST
+view calls), and :func:`publish_batch`, a group of publishes in one transaction (what the
+listener's group commit calls, in its storage processes: :mod:`.storage_calls`). Each
+publish is checked and made a row by :mod:`.prepare`, its receivers found by
+:mod:`.deliveries`, and the rows written by the store (:mod:`broker.store.messages`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from broker.domain import message as codec
+from broker.models import Delivery, Message, UsageEvent
+from broker.store import messages as stored
+from broker.store.messages import NewMessage
+from broker.store.rows import Inserts, hot_transaction, lock_topics
+from topics.models import Topic
+from topics.tree import Node
+from ual.models import Right
+from ual.resolution import AccessSnapshot, snapshot_for_id
+
+from . import ServiceError, notify, unauthorized
+from . import topics as topic_service
+from .deliveries import (
+    NO_PRIORITY,
+    effective,
+    may_receive,
+    pick_queue_consumer,
+    receivers,
+    start_timeouts,
+    subscribers,
+)
+from .freshness import answer_from_fresh_caches, caches_were_stale, is_refusal
+from .prepare import PublishRequest, prepare, too_large
+
+__all__ = [
+    "PublishRequest",
+    "Published",
+    "publish",
+    "publish_batch",
+    "publish_batch_held",
+    "republish",
+]
+
+
+@dataclass
+class Published:
+    """What a committed publish produced: the smuid, and who must be told."""
+
+    smuid: int
+    topic_id: int
+    topic_path: str
+    priority: int
+    accounts: list[int] = field(default_factory=list)
+    # (topic path, Cmuid header, codec message) for NOTIFY, when known without a query.
+    payload: tuple[str, str, codec.Message] | None = None
+
+
+#: A publish that passed its checks: (its index in the batch, its topic, its row).
+Prepared = tuple[int, Topic | Node, NewMessage]
+
+
+def publish(request: PublishRequest) -> Published:
+    """One publish in a transaction of its own; raises the ServiceError that refused it.
+    Once committed, the subscriber sessions of every process are told
+    (:func:`.notify.messages_committed`)."""
+    [result] = publish_batch([request])
+    if isinstance(result, ServiceError):
+        raise result
+    notify.messages_committed_on_commit([result])
+    return result
+
+
+def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceError]:
+    """Store a group of publishes in one transaction. Each request gets its ``Published`` or
+    the ServiceError that refused it; the refused ones store nothing. Access is decided from
+    the per-process snapshot cache (:func:`ual.resolution.snapshot_for_id`): no permission
+    query per message. Rows are written as plain rows (no model instances). The caller
+    tells the subscribers (the listener's dispatcher does, for its group commits)."""
+    held = publish_batch_held(requests)
+    results = next(held)
+    next(held, None)  # the COMMIT
+    return results
+
+
+def publish_batch_held(
+        requests: list[PublishRequest]) -> Iterator[list[Published | ServiceError]]:
+    """:func:`publish_batch` in two steps: yields the results once the batch's statements
+    are on their way (its transaction open, nothing committed yet); resumed, it commits (and
+    raises what the COMMIT raised); closed instead, it rolls back. A storage process holds
+    a batch so between the two while the batch before it commits on another connection
+    (:mod:`broker.store.lanes`)."""
+    now = timezone.now()
+    results: list[Published | ServiceError | None] = [None] * len(requests)
+    prepared, publishers = _prepare_all(requests, results, now)
+    with hot_transaction():
+        prepared = _apply_queue_limits(prepared, results)
+        _store_batch(requests, prepared, publishers, results, now)
+        yield results  # type: ignore[misc]
+
+
+def _prepare_all(requests: list[PublishRequest], results: list,
+                 now: datetime) -> tuple[list[Prepared], dict[int, str]]:
+    """Check every publish of a batch (refusals go into ``results``): the ones that pass,
+    in publish order, and the publishers' names by account id."""
+    prepared: list[Prepared] = []
+    publishers: dict[int, str] = {}
+
+    def prepare_one(i: int) -> None:
+        req = requests[i]
+        try:
+            snap = snapshot_for_id(req.account_id)
+            publishers[req.account_id] = snap.account.username
+            topic, row = prepare(snap, req, now)
+            prepared.append((i, topic, row))
+            results[i] = None
+        except ServiceError as exc:
+            results[i] = exc
+        except (ValueError, KeyError) as exc:
+            results[i] = ServiceError(400, f"Bad request ({exc})")
+
+    for i in range(len(requests)):
+        prepare_one(i)
+    refused = [i for i, r in enumerate(results) if is_refusal(r)]
+    if refused and caches_were_stale():
+        # A refusal is given from fresh caches only (.freshness): prepared again in this
+        # batch, in publish order.
+        for i in refused:
+            prepare_one(i)
+        prepared.sort(key=lambda item: item[0])
+    return prepared, publishers
+
+
+def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
+                 publishers: dict[int, str], results: list, now: datetime) -> None:
+    """Write the batch's messages, deliveries and usage events; each publish's
+    ``Published`` goes into ``results``."""
+    topics = {t.pk: t for _, t, _ in prepared}
+    lock_topics(topics, exclusive=False)  # a subscription being made: see lock_topics
+    # Both questions go out before either answer is read: one round trip on PostgreSQL.
+    subscriptions = subscribers(list(topics.values()), now)
+    smuids = stored.MESSAGES.reserve_pks(len(prepared))
+    subs = subscriptions()
+    allowed_by_topic = {topic_id: receivers(subs.get(topic_id, ()), topic, now)
+                        for topic_id, topic in topics.items()}
+    for _, topic, row in prepared:
+        if not allowed_by_topic[topic.pk]:
+            # Nobody to wait for: the timeout starts now, stored with the row (no UPDATE).
+            row.expires = stored.expiry(row.timeout, now)
+    # The rows of the batch's four tables go out together, as one statement (rows.Inserts).
+    inserts = Inserts()
+    stored.insert_messages([row for _, _, row in prepared], now, smuids, inserts)
+    pairs: list[tuple[int, int]] = []
+    for i, topic, row in prepared:
+        allowed = allowed_by_topic[topic.pk]
+        if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
+            accounts = [pick_queue_consumer(allowed, row.pk)]
+        else:
+            accounts = list(allowed)
+        pairs.extend((a, row.pk) for a in accounts)
+        publisher = publishers[requests[i].account_id]
+        cmuid_hdr = f"{publisher}/{requests[i].guid}/{row.cmuid}"
+        results[i] = Published(
+            smuid=row.pk, topic_id=topic.pk, topic_path=topic.path,
+            priority=row.priority or NO_PRIORITY, accounts=accounts,
+            payload=(topic.path, cmuid_hdr, codec.Message(list(row.headers), row.sections)))
+    stored.insert_deliveries(pairs, now, inserts)
+    stored.log_events([(UsageEvent.Kind.PUBLISH, publishers[requests[i].account_id],
+                        topic.path, row.pk, row.size, requests[i].peer, {})
+                       for i, topic, row in prepared], now, inserts)
+    inserts.run()
+
+
+def _apply_queue_limits(prepared: list[Prepared], results: list) -> list[Prepared]:
+    """Refuse (414) what would take a topic over its max message count or queue bytes."""
+    by_topic: dict[int, list[Prepared]] = defaultdict(list)
+    for item in prepared:
+        by_topic[item[1].pk].append(item)
+    kept = []
+    for topic_id, items in by_topic.items():
+        params = effective(items[0][1])
+        max_count, max_bytes = params["max_message_count"], params["max_queue_bytes"]
+        if max_count is None and max_bytes is None:
+            kept.extend(items)
+            continue
+        agg = Message.objects.filter(topic_id=topic_id, state=Message.State.PENDING).aggregate(
+            n=Count("pk"), b=Sum("size"))
+        count, size = agg["n"] or 0, agg["b"] or 0
+        for item in items:
+            row = item[2]
+            if max_count is not None and count + 1 > max_count:
+                results[item[0]] = too_large(f"queue holds its maximum of {max_count} messages")
+            elif max_bytes is not None and size + row.size > max_bytes:
+                results[item[0]] = too_large(f"queue holds its maximum of {max_bytes} bytes")
+            else:
+                count, size = count + 1, size + row.size
+                kept.append(item)
+    kept.sort(key=lambda item: item[0])  # keep publish order (smuids grow in arrival order)
+    return kept
+
+
+@answer_from_fresh_caches
+@transaction.atomic
+def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
+    """REPUBLISH MESSAGE: bring a message back from Trash to its topic's current
+    subscribers. Sequenced and deleted messages cannot be (406). The caller tells the
+    subscribers."""
+    base, _ = topic_service.split_trash(path)
+    topic = topic_service.visible_node(snapshot, base)
+    if not snapshot.allows(topic, Right.PUBLISH):
+        raise unauthorized(f"no publish right on {topic.path}")
+    real = topic.resolved()
+    message = Message.objects.select_for_update().filter(pk=smuid, topic_id=real.pk).first()
+    if message is None or message.state == Message.State.DELETED:
+        raise ServiceError(406, "Not acceptable (message not found)")
+    if message.sequence is not None:
+        raise ServiceError(406, "Not acceptable (sequenced messages cannot be republished)")
+    if message.state != Message.State.TRASH:
+        raise ServiceError(406, "Not acceptable (message is not in Trash)")
+    now = timezone.now()
+    Delivery.objects.filter(message=message).delete()
+    lock_topics([real.pk], exclusive=False)  # as a publish: see lock_topics
+    subs = subscribers([real], now)().get(real.pk, [])
+    allowed = may_receive([a for a, _ in subs], real)
+    Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
+    Message.objects.filter(pk=message.pk).update(state=Message.State.PENDING, trashed=None,
+                                                 expires=None)
+    if not allowed:
+        start_timeouts([message.pk], now)
+    UsageEvent.objects.create(kind=UsageEvent.Kind.REPUBLISH, account=snapshot.account.username,
+                              topic=real.path, smuid=message.pk, bytes=message.size)
+    return Published(message.pk, real.pk, real.path, message.priority or NO_PRIORITY, allowed)
