@@ -4,11 +4,10 @@ Every database call of the listener (sessions, commands, the dispatcher's group 
 runs here, on one thread that holds the process's one database connection, as
 ``database_sync_to_async`` would run it on asgiref's shared sync thread. The difference is
 the cost of the hop: asgiref copies and restores context variables and wraps every call in
-its thread-sensitivity machinery, about twice the CPU of a plain executor hop. The listener
-makes two such hops per delivered message (its ACK and its publish), so that was a large
-share of the delivery round trip. On PostgreSQL, ACK batches have a thread (and connection)
-of their own: :func:`run_ack`. The group commits themselves normally run in storage
-processes (:mod:`broker.store.lanes`); these threads run them when those are turned off.
+its thread-sensitivity machinery, and the listener makes two such hops per delivered message
+(its ACK and its publish). On PostgreSQL, ACK batches have a thread (and connection) of
+their own: :func:`run_ack`. The group commits themselves normally run in storage processes
+(:mod:`broker.store.lanes`); these threads run them when those are turned off.
 """
 
 from __future__ import annotations

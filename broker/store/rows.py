@@ -1,11 +1,11 @@
 """Lean row writes for the hot paths (publish and ACK).
 
 Django's ``bulk_create`` builds a model instance per row and compiles every value through the
-field machinery; on the publish path that was most of the listener's CPU. Here rows are plain
-tuples, already in the database's form (see :func:`db_datetime` and :func:`db_json`), and go
-through the DB-API cursor: on SQLite one prepared statement per table, on PostgreSQL one
-``INSERT ... SELECT FROM unnest(<one binary array per column>)`` per batch (the backends:
-:mod:`.backends`). Only the hot paths use this; everything else stays on the ORM.
+field machinery, too costly on the publish path (bench/results/store-notes.md). Here rows are
+plain tuples, already in the database's form (see :func:`db_datetime` and :func:`db_json`),
+and go through the DB-API cursor: on SQLite one prepared statement per table, on PostgreSQL
+one ``INSERT ... SELECT FROM unnest(<one binary array per column>)`` per batch (the
+backends: :mod:`.backends`). Only the hot paths use this; everything else stays on the ORM.
 
 Always inside the caller's transaction: :func:`hot_transaction`, which on PostgreSQL sends a
 transaction's statements in pipeline mode.
