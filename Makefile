@@ -15,7 +15,7 @@ export DEBIAN_FRONTEND := noninteractive
 REDIS_URL ?= redis://127.0.0.1:6379/0
 export REDIS_URL
 
-.PHONY: help run test bench lint services postgres browser python-deps clean
+.PHONY: help run test bench lint ruff imports services postgres browser python-deps clean
 
 help:
 	@echo "make run    - set up and run the whole broker (admin :8000, SMQP :$${SMQP_PORT:-720})"
@@ -70,8 +70,14 @@ run: services
 	$(PY) manage.py bootstrapadmin
 	exec $(PY) manage.py runbroker
 
-lint: python-deps
+lint: ruff imports
+
+ruff: python-deps
 	$(VENV)/bin/ruff check .
+
+# The layer contracts in pyproject.toml ([tool.importlinter]): each layer imports only those below.
+imports: python-deps
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: services postgres lint browser
 	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.

@@ -124,29 +124,24 @@ SMQP_SQLITE_SYNCHRONOUS = os.environ.get("SMQP_SQLITE_SYNCHRONOUS", "FULL").uppe
 # listener (kill -9) loses nothing, a power loss may deliver an ACKed message once more
 # (never loses one: publishes are always flushed). "full" flushes every ACK as well.
 SMQP_ACK_DURABILITY = os.environ.get("SMQP_ACK_DURABILITY", "relaxed").lower()
-# ACKs are appended to the listener's ACK journal (broker/journal.py) and 310 ACK goes at
+# ACKs are appended to the listener's ACK journal (broker/store/journal.py) and 310 ACK goes at
 # once; the database follows in batches (durable as above: "full" flushes the journal).
 # Off: 310 ACK waits for the ACK's database commit.
 SMQP_ACK_JOURNAL = env_bool("SMQP_ACK_JOURNAL", True)
 # The listener's group commits (publishes, ACKs) run in storage processes of their own
-# (broker/storage.py), so they use another core than its event loop. Off: on its threads.
+# (broker/store/lanes.py), so they use another core than its event loop. Off: on its
+# threads.
 SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
-# Under a stream of publishes (over LINGER_RATE a second, broker/delivery.py) a publish
-# batch smaller than LINGER_BATCH waits up to this many milliseconds for more to join it:
-# fewer, larger transactions (each costs the storage process half a millisecond of CPU or
-# more, whatever its size), for at most this much more latency. 0: a batch goes at once.
-# By default 4 on SQLite and 0 on PostgreSQL, as measured (e2e benchmark, alternating A/B
-# pairs on one machine): SQLite 8.74k/s with 4 against 8.27k/s with 0 (3 of 4 pairs);
-# PostgreSQL 7.65k/s with 4 against 8.17k/s with 0 (5 of 6 pairs). Why they differ is not
-# established; likely a part: PostgreSQL takes one small publish batch at a time
-# (Storage.publish_window), so a batch held back leaves its lane idle, where SQLite has two
-# on their way.
+# Under a stream of publishes (broker/delivery/linger.py) a small publish batch waits up to
+# this many milliseconds for more to join it: fewer, larger transactions, for at most this
+# much more latency. 0: a batch goes at once. The defaults per backend are what the e2e
+# benchmark favoured on each (bench/results/history.md).
 SMQP_PUBLISH_LINGER_MS = env_int(
     "SMQP_PUBLISH_LINGER_MS",
     4 if _SQLITE else 0)
 # PostgreSQL: the storage processes' connections prepare the statements they run again and
-# again (broker/storage.py). Off behind a pooler that cannot keep prepared statements
-# (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
+# again (broker/store/backends/postgresql.py). Off behind a pooler that cannot keep prepared
+# statements (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
 SMQP_PG_PREPARED_STATEMENTS = env_bool("SMQP_PG_PREPARED_STATEMENTS", True)
 if _SQLITE:
     # Persistent: Channels closes connections older than this around every database call, and
@@ -197,10 +192,9 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
         # Redis pub/sub: a group_send is one PUBLISH and every process reads pushed
-        # messages from one subscription. (The list-based RedisChannelLayer costs three
-        # round trips per group_send plus a BRPOP loop, and was the largest single cost of
-        # the listener's event loop under load.) Nothing here relies on messages waiting
-        # for a consumer that is not there: wake-ups and notifications are for live sessions.
+        # messages from one subscription, cheaper for the listener's event loop than the
+        # list-based layer's round trips. Nothing here relies on messages waiting for a
+        # consumer that is not there: wake-ups and notifications are for live sessions.
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {
             "hosts": [REDIS_URL],
@@ -267,7 +261,8 @@ SMQP_IDLE_TIMEOUT = env_int("SMQP_IDLE_TIMEOUT", 1800)
 SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
 # How often each process asks Redis whether topics or UAL entries changed elsewhere: a grant
 # or revoke counts in every process at most this long after its commit. (A refusal, 401 or
-# 404, of a command other than PUB is checked against Redis at once before it is given.)
+# 404, is checked against Redis before it is given, a PUB's within its publish batch; a
+# login reads the counters too.)
 SMQP_CACHE_POLL_SECONDS = float(os.environ.get("SMQP_CACHE_POLL_SECONDS", "0.5"))
 # A session holds at most this many waiting messages in memory (a backlog read from the
 # store, or live messages for a subscriber slower than its publishers) and reads the next

@@ -19,9 +19,14 @@ class Probe:
 
     def __init__(self) -> None:
         self.offered: list[tuple[int, int]] = []
+        self.mailbox = self  # offers go to the session's mailbox
 
-    def offer(self, priority: int, smuid: int) -> None:
+    def offer(self, priority: int, smuid: int) -> bool:
         self.offered.append((priority, smuid))
+        return False  # nothing to kick
+
+    def kick(self) -> None:
+        pass
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ class GatedDispatcher:
     async def retry_policy(self, topic_path: str) -> tuple[int, int]:
         return 60, 3
 
-    async def ack(self, request: AckRequest) -> None:
+    async def ack(self, request: AckRequest, session=None) -> None:
         self.acks.append(request.smuid)
 
 
@@ -79,6 +79,12 @@ async def session():
         consumer._pump_task.cancel()
 
 
+def offer(session: SMQPConsumer, priority: int, smuid: int) -> None:
+    """As the dispatcher offers a message to a session."""
+    if session.mailbox.offer(priority, smuid):
+        session.kick()
+
+
 def notified(written: list[bytes]) -> list[int]:
     """smuids of the NOTIFY MESSAGE blocks written, in order."""
     out = []
@@ -100,18 +106,18 @@ async def test_a_message_offered_again_while_it_is_prepared_goes_once(session):
     was queued a second time and, after its 310 ACK, sent again."""
     dispatcher = session.dispatcher
     dispatcher.gate.clear()
-    session.offer(1, 9)  # its wake-up
+    offer(session, 1, 9)  # its wake-up
     await asyncio.wait_for(dispatcher.checking.wait(), 5)
-    session.offer(1, 9)  # the sweep's backlog read, which saw it committed
+    offer(session, 1, 9)  # the sweep's backlog read, which saw it committed
     dispatcher.gate.set()
     await settle()
     assert notified(session.written) == [9]
     await session.cmd_ack(None)
     await settle()
     assert dispatcher.acks == [9]
-    assert session.inflight is None and session.idle
+    assert session.mailbox.inflight is None and session.idle
     assert notified(session.written) == [9]  # not a second time
-    session.offer(1, 10)
+    offer(session, 1, 10)
     await settle()
     assert notified(session.written) == [9, 10]
 
@@ -122,19 +128,19 @@ async def test_another_session_s_ack_skips_what_waits_not_what_is_on_its_way(ses
     one still waiting is skipped once another session of the account ACKed it."""
     dispatcher = session.dispatcher
     dispatcher.gate.clear()
-    session.offer(1, 9)
-    session.offer(1, 10)
-    session.offer(1, 11)
+    offer(session, 1, 9)
+    offer(session, 1, 10)
+    offer(session, 1, 11)
     await asyncio.wait_for(dispatcher.checking.wait(), 5)
-    session.forget(9)  # on its way
-    session.forget(10)  # waiting
+    session.mailbox.forget(9)  # on its way
+    session.mailbox.forget(10)  # waiting
     dispatcher.gate.set()
     await settle()
     assert notified(session.written) == [9]
     await session.cmd_ack(None)
     await settle()
     assert notified(session.written) == [9, 11]
-    assert not session._skip and session._queued == set()
+    assert not session.mailbox._skip and session.mailbox._queued == set()
 
 
 async def test_a_message_no_longer_deliverable_is_dropped_and_may_come_again(session):
@@ -142,10 +148,10 @@ async def test_a_message_no_longer_deliverable_is_dropped_and_may_come_again(ses
     backlog read) sends it."""
     dispatcher = session.dispatcher
     dispatcher.allowed = False
-    session.offer(1, 9)
+    offer(session, 1, 9)
     await settle()
     assert notified(session.written) == [] and session.idle
     dispatcher.allowed = True
-    session.offer(1, 9)
+    offer(session, 1, 9)
     await settle()
     assert notified(session.written) == [9]

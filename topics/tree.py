@@ -202,13 +202,13 @@ def changed() -> None:
 
 def local_generation() -> int:
     """Counts this process's own topic changes (a storage process follows it:
-    :mod:`broker.store.storage`)."""
+    :mod:`broker.store.lanes`)."""
     return _local_generation
 
 
 def invalidate_local() -> None:
     """Load the tree again on its next use (the listener changed it:
-    :mod:`broker.store.storage`)."""
+    :mod:`broker.store.lanes`)."""
     global _local_generation
     with _lock:
         _local_generation += 1

@@ -310,7 +310,7 @@ def recheck() -> bool:
 
 def local_epoch() -> int:
     """Counts the times this process dropped its snapshots (a storage process follows it:
-    :mod:`broker.store.storage`)."""
+    :mod:`broker.store.lanes`)."""
     return _cache.epoch
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-import heapq
 import logging
 import re
 from collections import deque
@@ -26,7 +25,7 @@ from django.utils import timezone
 
 from accounts.models import Account, LoginSession
 from accounts.scram import ScramError, ScramServer
-from broker.delivery import Dispatcher, get_dispatcher
+from broker.delivery import GIVE_UP, NEED_PAGE, RETRY, Dispatcher, Mailbox, get_dispatcher
 from broker.services import ServiceError, freshness, notify, publish, read
 from broker.services import accounts as account_service
 from broker.services import ack as ack_service
@@ -133,20 +132,11 @@ class SMQPConsumer(AsyncConsumer):
         self.password_change_pending = False
         self.suspended = False
         self._held: list[bytes] = []
-        # Delivery state: messages waiting (priority, smuid), the one awaiting 310 ACK.
+        # Delivery: what waits, is in flight, is retried lives in the mailbox; this door
+        # writes it (the pump), and keeps the retry timer the mailbox's deadlines set.
         self.account_id = 0
         self.dispatcher: Dispatcher | None = None
-        self._waiting: list[tuple[int, int]] = []
-        self._queued: set[int] = set()
-        self._skip: set[int] = set()
-        # Set while the store holds more waiting messages than were read (a backlog longer
-        # than a page): the (priority, smuid) of the last one read. Messages after it are
-        # read with the next page, not offered one by one.
-        self._horizon: tuple[int, int] | None = None
-        self.inflight: int | None = None
-        self._preparing: int | None = None  # taken from _waiting, NOTIFY not yet sent
-        self._inflight_payload: tuple | None = None
-        self._attempts = 0
+        self.mailbox = Mailbox(settings.SMQP_BACKLOG_PAGE)
         self._retry: asyncio.TimerHandle | None = None
         self._pump_task: asyncio.Task | None = None
         self._pumping = False  # _pump() runs (in its task, or inline after a 310 ACK)
@@ -552,7 +542,7 @@ class SMQPConsumer(AsyncConsumer):
         if held:
             await self.flush()
             await self._notify(b"".join(held))
-        self._kick()
+        self.kick()
 
     # ------------------------------------------------------------------------ publishing
 
@@ -632,43 +622,23 @@ class SMQPConsumer(AsyncConsumer):
         """Offer what the store holds for the account, a page at a time (in order)."""
         await self.dispatcher.caught_up()  # what was ACKed until now is in the store
         rows, full = await self.dispatcher.backlog([self.account_id])
-        self._horizon = rows[-1][1:] if full and rows else None
-        for _, priority, smuid in rows:
-            self.offer(priority, smuid)
-
-    def offer(self, priority: int, smuid: int) -> None:
-        """A message for this session's account (called by the dispatcher)."""
-        if (smuid in self._queued or smuid == self.inflight or smuid == self._preparing
-                or smuid in self._skip):
-            return
-        if self._horizon is None and len(self._waiting) >= settings.SMQP_BACKLOG_PAGE:
-            # A subscriber slower than its publishers: hold a page in memory, no more. The
-            # rest is in the store and is read page by page, in order, once these are sent.
-            self._horizon = max(self._waiting)
-        if self._horizon is not None and (priority, smuid) > self._horizon:
-            return  # stored, and comes with the next page of the backlog
-        heapq.heappush(self._waiting, (priority, smuid))
-        self._queued.add(smuid)
-        self._kick()
+        if self.mailbox.page(rows, full):
+            self.kick()
 
     @property
     def idle(self) -> bool:
-        """Nothing in flight and nothing waiting (the dispatcher's backlog sweep asks)."""
-        return (self.inflight is None and not self._waiting and self._horizon is None
-                and not self.closing)
-
-    def forget(self, smuid: int) -> None:
-        """Another session of the account ACKed it: do not send it here any more."""
-        if smuid in self._queued:
-            self._skip.add(smuid)
+        """Nothing to send and not closing (the dispatcher's backlog sweep asks)."""
+        return self.mailbox.idle and not self.closing
 
     @property
     def _pump_busy(self) -> bool:
         return self._pumping or (self._pump_task is not None and not self._pump_task.done())
 
-    def _kick(self) -> None:
-        if (self.inflight is None and (self._waiting or self._horizon is not None)
-                and not self.suspended and not self.closing and not self._pump_busy):
+    def kick(self) -> None:
+        """Start the pump if the mailbox has something to send (the dispatcher calls this
+        when an offer was queued)."""
+        if (self.mailbox.ready and not self.suspended and not self.closing
+                and not self._pump_busy):
             self._pump_task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
@@ -682,64 +652,54 @@ class SMQPConsumer(AsyncConsumer):
             self._pumping = False
 
     async def _pump_next(self) -> None:
-        sent = True  # since the last page was read
-        while self.inflight is None and not self.suspended and not self.closing:
-            if not self._waiting:
-                if self._horizon is None:
-                    break
-                if not sent:
-                    # Nothing of the last page could go (withdrawn, say): reading it again
-                    # would loop. The dispatcher's sweep offers what is left later.
-                    self._horizon = None
-                    break
-                await self._read_backlog()  # the next page
-                sent = False
+        mailbox, dispatcher = self.mailbox, self.dispatcher
+        mailbox.begin_pass()
+        while mailbox.inflight is None and not self.suspended and not self.closing:
+            smuid = mailbox.take_next()
+            if smuid is None:
+                break
+            if smuid is NEED_PAGE:
+                await self._read_backlog()
                 continue
-            _, smuid = heapq.heappop(self._waiting)
-            self._queued.discard(smuid)
-            if smuid in self._skip:
-                self._skip.discard(smuid)
-                continue
-            # On its way from here, as if in flight: the same message offered while it is
-            # loaded and checked (its wake-up, and a backlog read that saw it committed) is
-            # not queued again, to be sent a second time after its 310 ACK.
-            self._preparing = smuid
             try:
-                payload = await self.dispatcher.load(smuid)
-                if payload is None or not await self.dispatcher.deliverable(
+                payload = await dispatcher.load(smuid)
+                if payload is None or not await dispatcher.deliverable(
                         self.account_id, smuid, payload[0]):
+                    mailbox.done_preparing()
                     continue
-            finally:
-                self._preparing = None
-            self.inflight, self._inflight_payload, self._attempts = smuid, payload, 0
-            sent = True
+            except BaseException:
+                mailbox.done_preparing()
+                raise
+            mailbox.send(smuid, payload)
             await self._send_notify()
 
     async def _send_notify(self) -> None:
-        smuid, (topic, cmuid, msg) = self.inflight, self._inflight_payload
-        self._attempts += 1
+        attempt = self.mailbox.attempt()
+        if attempt is None:  # ACKed since this (re)send was decided
+            return
+        smuid, (topic, cmuid, msg) = attempt
         await self._notify(
             serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg))
         retry_timeout, max_retries = await self.dispatcher.retry_policy(topic)
-        if self.inflight == smuid:
+        deadline = self.mailbox.sent(smuid, self._loop.time(), retry_timeout, max_retries)
+        if deadline is not None:
             if self._retry is not None:
                 self._retry.cancel()
-            self._retry = self._loop.call_later(
-                retry_timeout, self._retry_due, smuid, max_retries)
+            self._retry = self._loop.call_at(deadline, self._retry_due, smuid)
 
-    def _retry_due(self, smuid: int, max_retries: int) -> None:
-        """No 310 ACK within the topic's retry timeout: send again, or give up."""
-        if self.inflight != smuid or self.closing:
+    def _retry_due(self, smuid: int) -> None:
+        """No 310 ACK by the retry deadline: send again, or give up."""
+        if self.closing:
             return
-        if self._attempts > max_retries:
+        verdict = self.mailbox.retry_due(smuid)
+        if verdict is GIVE_UP:
             self._pump_task = asyncio.ensure_future(self._give_up(smuid))
-        else:
+        elif verdict is RETRY:
             self._pump_task = asyncio.ensure_future(self._send_notify())
 
     async def _give_up(self, smuid: int) -> None:
         await self.dispatcher.dead(self.account_id, smuid)
-        if self.inflight == smuid:
-            self.inflight = self._inflight_payload = None
+        self.mailbox.gave_up(smuid)
         await self._pump()
 
     async def cmd_ack(self, cmd: c.Ack) -> None:
@@ -760,20 +720,18 @@ class SMQPConsumer(AsyncConsumer):
     async def _record_ack(self) -> bool:
         """The client's 310 ACK for the message in flight: recorded (group commit) before the
         server's own 310 ACK goes out. False when nothing was waiting for one."""
-        smuid = self.inflight
+        mailbox = self.mailbox
+        smuid = mailbox.inflight
         if smuid is None:
             return False
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
-        payload = self._inflight_payload
+        payload = mailbox.inflight_payload
         receipt = payload is None or ack_service.may_want_receipt(payload[2])
         await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,
-                                                         self._attempts, receipt))
-        for other in self.dispatcher.sessions.get(self.account_id, ()):
-            if other is not self:
-                other.forget(smuid)
-        self.inflight = self._inflight_payload = None
+                                                         mailbox.attempts, receipt), self)
+        mailbox.acked()
         return True
 
     # ------------------------------------------------------------------ SET NOTIFY PORT
@@ -813,7 +771,7 @@ class SMQPConsumer(AsyncConsumer):
                     else:
                         if recorded:
                             writer.write(b"310 ACK\r\n")
-                            self._kick()
+                            self.kick()
                         else:
                             writer.write(
                                 b"400 Bad request (no message is waiting for 310 ACK)\r\n")
@@ -826,7 +784,7 @@ class SMQPConsumer(AsyncConsumer):
             if self._notify_writer is writer:
                 # The client's listener went away: notifications return to the session.
                 self._notify_writer = None
-                self._kick()
+                self.kick()
             writer.close()
 
     def _close_notify_channel(self) -> None:

@@ -38,6 +38,7 @@ from broker.store import dbthread, journal
 from broker.store.lanes import Storage, StorageLost
 
 from .linger import PublishLinger
+from .mailbox import Mailbox
 
 logger = logging.getLogger("broker.delivery")
 
@@ -94,12 +95,20 @@ RECENT_ACK_MAX = 100_000
 
 
 class Session(Protocol):
+    """A subscriber session of any door, as the dispatcher sees it: messages are offered to
+    its mailbox, and the door is kicked when the mailbox says it has something to send."""
+
     account_id: int
+    mailbox: Mailbox
 
     @property
-    def idle(self) -> bool: ...
+    def idle(self) -> bool:
+        """Its mailbox is idle and the session is not closing (the backlog sweep asks)."""
+        ...
 
-    def offer(self, priority: int, smuid: int) -> None: ...
+    def kick(self) -> None:
+        """Start sending what the mailbox holds, unless the door is busy or paused."""
+        ...
 
 
 class Dispatcher:
@@ -174,7 +183,8 @@ class Dispatcher:
                 if recent and (account_id, smuid) in recent:
                     continue
                 for session in tuple(self.sessions.get(account_id, ())):
-                    session.offer(priority, smuid)
+                    if session.mailbox.offer(priority, smuid):
+                        session.kick()
 
     def _acked_here(self, request: AckRequest) -> None:
         recent = self._recent_acks
@@ -199,10 +209,12 @@ class Dispatcher:
         self._publish_work.set()
         return future
 
-    async def ack(self, request: AckRequest) -> None:
-        """Record an ACK; returns once it is recorded, so that ``310 ACK`` may go: appended
-        to the journal (and flushed, with ``SMQP_ACK_DURABILITY=full``), the database
-        following in the next ACK batch; without a journal, once that batch committed."""
+    async def ack(self, request: AckRequest, session: Session | None = None) -> None:
+        """Record an ACK (``session``'s, if a session's); returns once it is recorded, so that
+        ``310 ACK`` may go: appended to the journal (and flushed, with
+        ``SMQP_ACK_DURABILITY=full``), the database following in the next ACK batch; without
+        a journal, once that batch committed. The account's other sessions here then no
+        longer send it."""
         if self.journal is None:
             future = asyncio.get_running_loop().create_future()
             # A backlog read running now may not see this ACK's commit: see backlog().
@@ -211,6 +223,7 @@ class Dispatcher:
             self._ack_work.set()
             await future
             self._acked_here(request)
+            self._forget_elsewhere(request, session)
             return
         try:
             self.journal.append([(request.account_id, request.smuid, request.attempts,
@@ -226,6 +239,14 @@ class Dispatcher:
             self._ack_hurry.set()
         if settings.SMQP_ACK_DURABILITY == "full":
             await self._synced()
+        self._forget_elsewhere(request, session)
+
+    def _forget_elsewhere(self, request: AckRequest, session: Session | None) -> None:
+        """An ACK recorded: the account's other sessions skip the message if it waits there
+        (one already on its way there still goes)."""
+        for other in self.sessions.get(request.account_id, ()):
+            if other is not session:
+                other.mailbox.forget(request.smuid)
 
     async def _synced(self) -> None:
         """Returns once the journal is on disk up to here: one fdatasync (on a thread)
@@ -592,8 +613,9 @@ class Dispatcher:
             for account_id, priority, smuid in rows:
                 live = self.sessions.get(account_id, ())
                 for session in idle.get(account_id, ()):
-                    if session in live:  # it may have left during the query
-                        session.offer(priority, smuid)
+                    # (A session may have left during the query.)
+                    if session in live and session.mailbox.offer(priority, smuid):
+                        session.kick()
 
     # ------------------------------------------------------------------ message payloads
 

@@ -45,6 +45,7 @@ __all__ = [
     "PublishStart",
     "Quit",
     "RawLine",
+    "RemoveMessage",
     "RemoveTopic",
     "Republish",
     "SetLogin",
@@ -174,6 +175,19 @@ class RemoveTopic:
 
     def _wire(self) -> str:
         return f"REMOVE TOPIC {self.topic}"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveMessage:
+    """``REMOVE MESSAGE <topic> <smuid-list>``: an extension (profile §7, issue 22) that
+    takes messages, state messages above all, out of a topic into its Trash."""
+
+    name: ClassVar[str] = "REMOVE MESSAGE"
+    topic: str
+    smuids: SmuidSet
+
+    def _wire(self) -> str:
+        return f"REMOVE MESSAGE {self.topic} {self.smuids}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +404,7 @@ Command = (
     | ListMessage
     | CreateTopic
     | RemoveTopic
+    | RemoveMessage
     | SetTopicName
     | SetTopicKeywords
     | SetLogin
@@ -542,9 +557,15 @@ def _p_create(rest: str) -> CreateTopic:
     return CreateTopic(topic, keywords, link)
 
 
-def _p_remove(rest: str) -> RemoveTopic:
-    _, rest = _resource(rest, ("TOPIC",))
-    return RemoveTopic(validate_topic(_last(rest)))
+def _p_remove(rest: str) -> RemoveTopic | RemoveMessage:
+    resource, rest = _resource(rest, ("TOPIC", "MESSAGE"))
+    if resource == "TOPIC":
+        return RemoveTopic(validate_topic(_last(rest)))
+    topic, rest = _word(rest)
+    validate_topic(topic)
+    if not rest:
+        raise _missing()
+    return RemoveMessage(topic, parse_smuid_list(rest.rstrip(" ")))
 
 
 def _p_set(rest: str) -> Command:

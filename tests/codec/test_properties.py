@@ -205,6 +205,7 @@ simple_commands = st.one_of(
     st.just(c.Unsubscribe("*", TopicPattern("", True))),
     st.just(c.Unsubscribe("SERVER", None)),
     st.builds(c.GetMessage, topics, smuid_sets),
+    st.builds(c.RemoveMessage, topics, smuid_sets),
     st.builds(c.GetTopicKeywords, topics),
     st.just(c.Ack()),
 )

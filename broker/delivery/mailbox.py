@@ -1,0 +1,213 @@
+"""What one subscriber session has to deliver: a plain object, no I/O, no clock.
+
+A door (the SMQP consumer; later XMPP, REST) keeps one :class:`Mailbox` per subscriber
+session and drives it: the dispatcher offers messages into it, the door's pump takes the next
+one, loads and checks it, writes it in its own wire form and reports what happened (sent,
+ACKed, given up). Times are passed in (the door's event-loop clock), so every rule here can be
+tested without a socket, a database or a loop.
+
+One message at a time is in flight (sent, its ACK awaited); the others wait in a heap ordered
+by (priority, smuid): lower priority first, then FIFO, since smuids grow in commit order.
+
+The waiting heap holds one page of the store's backlog at most. Once more is waiting for the
+account than that (a subscriber slower than its publishers, or a long backlog), the
+(priority, smuid) of the last one held is the *horizon*: offers beyond it are not kept (they
+are in the store) and the next page is read once the heap is empty (:data:`NEED_PAGE`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import Any, Final
+
+# take_next(): nothing is held in memory, but the store holds more (read the next page).
+NEED_PAGE: Final = "need page"
+# retry_due(): send the message in flight again / stop trying (its retries are spent).
+RETRY: Final = "retry"
+GIVE_UP: Final = "give up"
+
+
+class Mailbox:
+    """One session's delivery state. ``payload`` is whatever the door sends for a message
+    (the dispatcher's (topic path, Cmuid header, message)); the mailbox only keeps it."""
+
+    __slots__ = ("_horizon", "_locks", "_max_retries", "_paged_in_pass", "_queued", "_skip",
+                 "_waiting", "attempts", "inflight", "inflight_payload", "page_size",
+                 "preparing", "retry_deadline")
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self._waiting: list[tuple[int, int]] = []  # heap of (priority, smuid)
+        self._queued: set[int] = set()  # smuids in _waiting
+        self._skip: set[int] = set()  # in _waiting, but ACKed by another session: not to send
+        # Set while the store holds more waiting messages than are held here: the
+        # (priority, smuid) of the last one held. Messages after it come with the next page.
+        self._horizon: tuple[int, int] | None = None
+        # This pass of the door's pump read a page and has sent nothing since (see take_next).
+        self._paged_in_pass = False
+        self.inflight: int | None = None  # sent, its ACK awaited
+        self.inflight_payload: Any = None
+        # Taken from the heap, being loaded and checked by the door: not in flight yet, but
+        # the same message offered meanwhile is not queued again (it would go twice).
+        self.preparing: int | None = None
+        self.attempts = 0  # times the message in flight was sent
+        self.retry_deadline: float | None = None  # when it is sent again without an ACK
+        self._max_retries = 0
+        self._locks: dict[int, float] = {}  # smuid → lock deadline (queue mode)
+
+    # ------------------------------------------------------------------ offers
+
+    def offer(self, priority: int, smuid: int) -> bool:
+        """A message for this session's account. True when it was queued and nothing is in
+        flight: the door should start its pump (unless it runs already)."""
+        if (smuid in self._queued or smuid == self.inflight or smuid == self.preparing
+                or smuid in self._skip):
+            return False
+        if self._horizon is None and len(self._waiting) >= self.page_size:
+            # A subscriber slower than its publishers: hold a page in memory, no more. The
+            # rest is in the store and is read page by page, in order, once these are sent.
+            self._horizon = max(self._waiting)
+        if self._horizon is not None and (priority, smuid) > self._horizon:
+            return False  # stored, and comes with the next page of the backlog
+        heapq.heappush(self._waiting, (priority, smuid))
+        self._queued.add(smuid)
+        return self.inflight is None
+
+    def page(self, rows: Sequence[tuple[int, int, int]], full: bool) -> bool:
+        """A page of the store's backlog for this session's account: (account, priority,
+        smuid) rows in (priority, smuid) order, as :meth:`Dispatcher.backlog` gives them;
+        ``full``: the store holds more after them. Each is offered; True as for
+        :meth:`offer` (when any was queued)."""
+        self._horizon = (rows[-1][1], rows[-1][2]) if full and rows else None
+        kick = False
+        for _, priority, smuid in rows:
+            if self.offer(priority, smuid):
+                kick = True
+        return kick
+
+    def forget(self, smuid: int) -> None:
+        """Another session of the account ACKed it: do not send it here any more. One already
+        on its way (preparing, in flight) still goes, and is ACKed here as well."""
+        if smuid in self._queued:
+            self._skip.add(smuid)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight, nothing waiting here or in the store beyond a page (the
+        dispatcher's backlog sweep offers the store's backlog to idle sessions)."""
+        return self.inflight is None and not self._waiting and self._horizon is None
+
+    @property
+    def ready(self) -> bool:
+        """Nothing in flight, and something to send (held, or a page to read)."""
+        return self.inflight is None and (bool(self._waiting) or self._horizon is not None)
+
+    # ------------------------------------------------------------------ sending
+
+    def begin_pass(self) -> None:
+        """The door's pump starts a pass (it takes messages until one is in flight, or none
+        is left): a page read before it (at login, at SUBSCRIBE) does not end paging."""
+        self._paged_in_pass = False
+
+    def take_next(self) -> int | str | None:
+        """The next message to send (it is then *preparing*: the door loads and checks it,
+        and calls :meth:`send` or :meth:`done_preparing`); :data:`NEED_PAGE` when the door
+        should read the next page of the backlog (and hand it to :meth:`page`); None when
+        there is nothing to send. A page of which nothing could be sent in this pass
+        (withdrawn, say) ends paging: reading it again would loop; the dispatcher's sweep
+        offers what is left later."""
+        waiting = self._waiting
+        while waiting:
+            _, smuid = heapq.heappop(waiting)
+            self._queued.discard(smuid)
+            if smuid in self._skip:
+                self._skip.discard(smuid)
+                continue
+            self.preparing = smuid
+            return smuid
+        if self._horizon is None:
+            return None
+        if self._paged_in_pass:
+            self._horizon = None
+            return None
+        self._paged_in_pass = True
+        return NEED_PAGE
+
+    def done_preparing(self) -> None:
+        """The message taken does not go (gone, no longer deliverable, or its load failed)."""
+        self.preparing = None
+
+    def send(self, smuid: int, payload: Any) -> None:
+        """The message taken goes: in flight from now, no attempt made yet."""
+        self.preparing = None
+        self.inflight, self.inflight_payload, self.attempts = smuid, payload, 0
+        self.retry_deadline = None
+        self._paged_in_pass = False
+
+    def attempt(self) -> tuple[int, Any] | None:
+        """The door writes the message in flight (again): (smuid, payload), the attempt
+        counted (an ACK that comes while it is written counts it); None when nothing is in
+        flight (ACKed in the meantime)."""
+        if self.inflight is None:
+            return None
+        self.attempts += 1
+        return self.inflight, self.inflight_payload
+
+    def sent(self, smuid: int, now: float, retry_timeout: float, max_retries: int) -> float | None:
+        """The attempt is written, at ``now``; the topic's retry policy applies. The deadline
+        for its ACK, after which :meth:`retry_due` decides; None when the message is no
+        longer in flight (ACKed while it was written)."""
+        if self.inflight != smuid:
+            return None
+        self.retry_deadline = now + retry_timeout
+        self._max_retries = max_retries
+        return self.retry_deadline
+
+    def retry_due(self, smuid: int) -> str | None:
+        """``smuid``'s retry deadline has passed (the door's timer for it went off): :data:`RETRY`
+        (send it again), :data:`GIVE_UP` (its retries are spent), or None when it is no longer
+        in flight. Times are not compared: the door's timer is the clock (an event loop may
+        run a timer a clock tick before its time)."""
+        if self.inflight != smuid:
+            return None
+        return GIVE_UP if self.attempts > self._max_retries else RETRY
+
+    def gave_up(self, smuid: int) -> None:
+        """The message's retries are spent and it is recorded dead: no longer in flight."""
+        if self.inflight == smuid:
+            self.inflight = self.inflight_payload = self.retry_deadline = None
+
+    def acked(self) -> None:
+        """The ACK of the message in flight is recorded: nothing is in flight."""
+        self.inflight = self.inflight_payload = self.retry_deadline = None
+
+    # ------------------------------------------------------------------ queue-mode locks
+
+    def lock(self, smuid: int, deadline: float) -> None:
+        """This session holds ``smuid`` (queue mode) until ``deadline`` (or a new lock)."""
+        self._locks[smuid] = deadline
+
+    def unlock(self, smuid: int) -> bool:
+        """The lock on ``smuid`` ends (ACKed, released); False when it was not held."""
+        return self._locks.pop(smuid, None) is not None
+
+    def holds(self, smuid: int) -> bool:
+        return smuid in self._locks
+
+    @property
+    def locks_held(self) -> frozenset[int]:
+        return frozenset(self._locks)
+
+    def expired_locks(self, now: float) -> list[int]:
+        """Locks whose deadline is ``now`` or earlier, earliest first (still held: the door
+        unlocks each once the store has released it)."""
+        expired = [(deadline, smuid) for smuid, deadline in self._locks.items()
+                   if deadline <= now]
+        expired.sort()
+        return [smuid for _, smuid in expired]
+
+    @property
+    def next_lock_deadline(self) -> float | None:
+        """When the first lock held expires (for the door's timer); None without locks."""
+        return min(self._locks.values()) if self._locks else None
