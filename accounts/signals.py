@@ -10,6 +10,6 @@ from .models import Account
 def create_account_topic(sender, instance: Account, created: bool, raw: bool = False, **kwargs):
     if raw:
         return
-    from broker.services.topics import ensure_account_topic
+    from broker.services.accounts import ensure_account_topic
 
     ensure_account_topic(instance)

@@ -1,13 +1,15 @@
-"""SET LOGIN: the account's own password and owner details."""
+"""SET LOGIN: the account's own password and owner details; every account's account topic."""
 
 from __future__ import annotations
 
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from accounts.models import Account
+from topics import paths
+from topics.models import Topic
 
 from . import bad_request, unauthorized
 
@@ -46,3 +48,43 @@ def change_password(account: Account, old: str, new: str) -> None:
     fresh.set_password(new)
     fresh.save(update_fields=["password"])
     account.password = fresh.password
+
+
+# --------------------------------------------------------------------------- account topics
+
+
+def _ensure_path(path: str, **defaults) -> Topic:
+    """Get or create the topic at ``path`` and any missing ancestors."""
+    parent: Topic | None = None
+    parent_path = paths.parent_path(path)
+    if parent_path is not None:
+        parent = _ensure_path(parent_path)
+    try:
+        with transaction.atomic():
+            topic, _ = Topic.objects.get_or_create(
+                key=paths.path_key(path), defaults={"path": path, "parent": parent, **defaults}
+            )
+    except IntegrityError:  # created concurrently by another process
+        topic = Topic.objects.get(key=paths.path_key(path))
+    return topic
+
+
+@transaction.atomic
+def ensure_account_topic(account: Account) -> Topic:
+    """``/accounts/<name>`` for ``account``, created (with ``/accounts``) if missing and
+    renamed if the account was renamed."""
+    path = account.account_topic_path
+    paths.check_creatable(path)
+    existing = Topic.objects.filter(account=account).first()
+    if existing is not None:
+        if existing.path != path:
+            existing.path = path
+            existing.save(update_fields=["path", "key", "updated"])
+        return existing
+    parent = _ensure_path(paths.ACCOUNTS_ROOT)
+    topic = Topic.objects.filter(key=paths.path_key(path)).first()
+    if topic is None:
+        return Topic.objects.create(path=path, parent=parent, account=account)
+    topic.account = account
+    topic.save(update_fields=["account", "updated"])
+    return topic

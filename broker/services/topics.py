@@ -1,5 +1,5 @@
 """Topic tree operations (draft §4.1.2 to 4.1.7): lookups, COUNT, LIST, CREATE, REMOVE, SET TOPIC,
-GET TOPIC KEYWORDS, FIND; virtual links and account topics.
+GET TOPIC KEYWORDS, FIND; virtual links (account topics are made by :mod:`.accounts`).
 
 Rules enforced here, for every door: Trash is reserved; topics are case-insensitive; account
 topics cannot be created, renamed or removed by commands; a virtual topic links only to a real
@@ -13,7 +13,6 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from accounts.models import Account
 from broker.domain.values import TopicPattern
 from broker.models import Message, Subscription
 from topics import paths
@@ -397,44 +396,4 @@ def find_topics(snapshot: AccessSnapshot, pattern: TopicPattern,
         if all(any(w in k for k in folded) for w in wanted):
             found.append((topic, list(topic.keywords)))
     return found
-
-
-# --------------------------------------------------------------------------- account topics
-
-
-def _ensure_path(path: str, **defaults) -> Topic:
-    """Get or create the topic at ``path`` and any missing ancestors."""
-    parent: Topic | None = None
-    parent_path = paths.parent_path(path)
-    if parent_path is not None:
-        parent = _ensure_path(parent_path)
-    try:
-        with transaction.atomic():
-            topic, _ = Topic.objects.get_or_create(
-                key=paths.path_key(path), defaults={"path": path, "parent": parent, **defaults}
-            )
-    except IntegrityError:  # created concurrently by another process
-        topic = Topic.objects.get(key=paths.path_key(path))
-    return topic
-
-
-@transaction.atomic
-def ensure_account_topic(account: Account) -> Topic:
-    """``/accounts/<name>`` for ``account``, created (with ``/accounts``) if missing and
-    renamed if the account was renamed."""
-    path = account.account_topic_path
-    paths.check_creatable(path)
-    existing = Topic.objects.filter(account=account).first()
-    if existing is not None:
-        if existing.path != path:
-            existing.path = path
-            existing.save(update_fields=["path", "key", "updated"])
-        return existing
-    parent = _ensure_path(paths.ACCOUNTS_ROOT)
-    topic = Topic.objects.filter(key=paths.path_key(path)).first()
-    if topic is None:
-        return Topic.objects.create(path=path, parent=parent, account=account)
-    topic.account = account
-    topic.save(update_fields=["account", "updated"])
-    return topic
 

@@ -22,6 +22,10 @@ import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
+from accounts.models import Account
+from broker.models import Delivery, Message
+
+from ..messages import acked_upsert, record_acks_each
 from . import Ack, Backend, Rows, Statement, Unsent
 
 if TYPE_CHECKING:
@@ -171,13 +175,8 @@ class PostgreSQL(Backend):
 
     def record_acks(self, acks: Sequence[Ack], now: datetime, *,
                     returning: bool) -> Callable[[], list[int]] | None:
-        from ..messages import acked_upsert, record_acks_each
-
         if returning:
             return record_acks_each(acks, now, returning=True)
-        from accounts.models import Account
-        from broker.models import Delivery, Message
-
         # One statement for the batch (one upsert per ACK, parsed and planned each, would be
         # most of the server's work), the first ACK of each (account, smuid) pair only (a
         # pair twice in one statement would be an error).
@@ -277,8 +276,6 @@ def finish_statements(message_ids: list[int], now: datetime) -> list[Statement]:
     condition, statistics taken while few messages waited (or none: a young table, or no
     autovacuum) made the planner read every waiting message through the topic index and
     filter the ids out of them."""
-    from broker.models import Delivery, Message
-
     messages, deliveries = Message._meta.db_table, Delivery._meta.db_table
     acked, dead = Delivery.State.ACKED.value, Delivery.State.DEAD.value
     return [(

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
+from broker.models import Delivery, Message
+
+from ..messages import record_acks_each, start_timeouts
 from . import Ack, Backend, Rows, marks, raw_cursor
 
 if TYPE_CHECKING:
@@ -116,16 +119,10 @@ class SQLite(Backend):
 
     def record_acks(self, acks: Sequence[Ack], now: datetime, *,
                     returning: bool) -> Callable[[], list[int]] | None:
-        from ..messages import record_acks_each
-
         return record_acks_each(acks, now, returning=returning)
 
     def finish_messages(self, message_ids: list[int], now: datetime) -> None:
         """The facts are read, and the rule applied here (no round trips to save)."""
-        from broker.models import Delivery, Message
-
-        from ..messages import start_timeouts
-
         # Each message once, with the states of its deliveries that are not ACKed (if any).
         rows = self.query(
             f"SELECT m.id, m.timeout, d.state FROM {Message._meta.db_table} m "
