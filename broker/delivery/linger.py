@@ -14,18 +14,13 @@ import math
 # publish after a quiet spell goes at once. Nor does a batch wait once no publish has come
 # for LINGER_GAPS times the stream's mean interval (LINGER_GAP_MIN at least): publishers
 # that each wait for their reply before the next PUB have all sent theirs by then, and
-# more waiting would gather nothing. Measured (SQLite, e2e benchmark): batches of 23-26
-# instead of 10, the storage process's CPU 5 to 14 points lower (a minimum gap of 0.5 ms
-# instead of 1.5 cut batches to 15: publishers send in bursts). Throughput: +8% in a first
-# A/B, no difference beyond the noise (+-15% there) in ten later pairs on both backends; on
-# a calmer machine later, +5.6% on SQLite and -6.3% on PostgreSQL, whence the defaults of
-# SMQP_PUBLISH_LINGER_MS (broker/settings.py). Lingering only while a batch is already on
-# its way (never leaving the storage process idle) was worse on SQLite: 7.9k/s against 8.7k.
+# more waiting would gather nothing. What was measured: bench/results/history.md.
 LINGER_BATCH = 32
 LINGER_RATE = 2000.0
 LINGER_WINDOW = 0.25
 LINGER_GAPS = 2.0
 LINGER_GAP_MIN = 0.0015
+
 
 class PublishLinger:
     """When the next publish batch goes: at once, or after waiting for more publishes to
