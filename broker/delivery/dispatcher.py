@@ -692,8 +692,8 @@ def _batch_size(queued: list[tuple[PublishRequest, asyncio.Future]], most: int) 
 # A cached message is kept as one bytes object (marshal of plain tuples, strings and bytes),
 # which the garbage collector never tracks: as codec objects, a full cache of small messages
 # would be half a million tracked objects, and every full collection would walk them all
-# while the listener stands still (80 ms here for 64 MB of 256-byte messages); as nested
-# tuples, many would stay tracked until a full collection found them.
+# while the listener stands still; as nested tuples, many would stay tracked until a full
+# collection found them.
 def _pack(payload: tuple[str, str, Message]) -> bytes:
     path, cmuid, message = payload
     return marshal.dumps((path, cmuid, tuple(message.headers),
