@@ -272,12 +272,13 @@ def test_a_delete_in_the_admin_keeps_the_topic_until_its_queue_empties(stack):
         smuid = smuid_of(root.publish("/gone", "G1"))
         confirm = admin.fields(f"{TOPICS}{gone}/delete/")
         url, page = admin.post(f"{TOPICS}{gone}/delete/", {**confirm, "post": "yes"})
-        assert url.endswith(TOPICS) and "is being removed" in page, page
+        assert url.endswith(TOPICS), url
+        assert root.command("CREATE TOPIC /gone").code == 409  # kept: its queue holds G1
+        assert "is being removed" in page, page
         note = root.notification(timeout=10)
         assert (note.topic, note.action) == ("/gone", "DELETED"), note
         time.sleep(1.0)  # the listener's topic tree follows within a poll
         assert "/gone" not in root.command("LIST TOPIC /").lines
-        assert root.command("CREATE TOPIC /gone").code == 409  # kept: its queue holds G1
         root.command("UNSUB *")
     with stack.session("bob") as bob:
         delivered = bob.message(timeout=10)
