@@ -1,4 +1,13 @@
-from django.contrib import admin
+from collections import defaultdict
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from broker.domain.values import SmuidSet
+from broker.services import ServiceError
+from broker.services.removal import remove_messages
+from topics.admin import console_snapshot, refusal
 
 from .models import DataSection, Delivery, Message, Subscription, UsageEvent
 
@@ -20,6 +29,27 @@ class MessageAdmin(admin.ModelAdmin):
     date_hierarchy = "received"
     raw_id_fields = ("topic", "publisher", "in_reply_to")
     inlines = [DataSectionInline]
+    actions = ["remove_into_trash"]
+
+    @admin.action(description="Remove the selected pending messages into Trash",
+                  permissions=["change"])
+    def remove_into_trash(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """As REMOVE MESSAGE, topic by topic: the way to end a state message (negative
+        timeout), which is otherwise kept for good."""
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for smuid, path in queryset.filter(state=Message.State.PENDING).values_list(
+                "pk", "topic__path"):
+            by_topic[path].append(smuid)
+        snapshot = console_snapshot(request.user)
+        moved = 0
+        for path, smuids in sorted(by_topic.items()):
+            try:
+                moved += len(remove_messages(
+                    snapshot, path, SmuidSet(tuple((n, n) for n in sorted(smuids))),
+                    include_removing=True))
+            except ServiceError as exc:
+                self.message_user(request, f"{path}: {refusal(exc)}", messages.ERROR)
+        self.message_user(request, f"{moved} message(s) moved into Trash.", messages.SUCCESS)
 
 
 @admin.register(Subscription)

@@ -7,11 +7,13 @@ for too many topics in one SUBSCRIBE, a queue's byte limit)."""
 from __future__ import annotations
 
 import re
+import signal
 import time
+import uuid
 
 import pytest
 
-from tests.conftest import fresh_listener
+from tests.conftest import base_env, fresh_listener, listener, run_manage
 from tests.smqp_client import RawClient
 from tests.smqp_session import Session, header, smuid_of
 
@@ -75,7 +77,6 @@ def reply_to(replier: Session, topic: str, smuid_header: str, cmuid: str | None 
 # --- 1. PUB REPLY goes to the original's publisher, never where Cmuid points -------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 item 1: the target is taken from Cmuid")
 def test_reply_cannot_be_aimed_at_another_account(broker):
     with session(broker, "alice") as alice, session(broker, "bob") as bob, \
             session(broker) as root:
@@ -100,7 +101,6 @@ def test_reply_cannot_be_aimed_at_another_account(broker):
             s.command("UNSUB *")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 item 1: originals are not checked")
 def test_reply_needs_an_original_the_replier_could_receive(broker):
     with session(broker, "alice") as alice, session(broker, "jtegen") as jtegen:
         hidden = smuid_of(alice.publish("/d/hidden", "H1"))
@@ -113,8 +113,6 @@ def test_reply_needs_an_original_the_replier_could_receive(broker):
 # --- 4. draft behaviour --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 item 4: FIND without a wildcard looks only "
-                                       "at the named topic")
 def test_find_topic_by_keyword_searches_below_the_named_topic(broker):
     with session(broker) as root:
         assert root.command("SET TOPIC KEYWORDS /stocks/ibm (IBM,STOCKS,BIG BLUE)").code == 200
@@ -132,7 +130,6 @@ def test_find_topic_by_keyword_searches_below_the_named_topic(broker):
                                    "/stocks/ibm (IBM,STOCKS,BIG BLUE)"], every
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 item 4: limits are not announced at login")
 def test_login_announces_the_limits_enforced(broker):
     with RawClient(broker.host, broker.port) as c:
         lines = c.login("bob", "pw")
@@ -142,7 +139,6 @@ def test_login_announces_the_limits_enforced(broker):
         assert lines[-1].startswith(b"200 Guid: "), lines
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 item 4: NOTIFY SERVER TIMEOUT is never sent")
 def test_server_timeout_subscribers_are_told_before_an_idle_close(broker):
     with RawClient(broker.host, broker.port) as c:
         c.login("bob", "pw")
@@ -153,7 +149,6 @@ def test_server_timeout_subscribers_are_told_before_an_idle_close(broker):
         assert rest.index(b"NOTIFY SERVER TIMEOUT") < rest.index(b"408 "), rest
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 item 4: REMOVE MESSAGE does not exist")
 def test_remove_message_takes_a_state_message_into_trash(broker):
     with session(broker) as root, session(broker, "bob") as bob:
         state = smuid_of(root.publish("/d/state", "S1", [("Timeout", "-1")]))
@@ -163,6 +158,47 @@ def test_remove_message_takes_a_state_message_into_trash(broker):
         assert trash.code == 200 and trash.lines[-1] == "1 messages", trash
         live = root.command(f"GET MESSAGE /d/state {state}")
         assert live.lines[-1] == "0 messages", live
+
+
+def test_remove_message_leaves_the_rest_and_withdraws_deliveries(broker):
+    with session(broker, "bob") as bob:
+        bob.command("UNSUB *")
+        assert bob.command("SUB MESSAGE /d/state").code == 200
+    with session(broker) as root:
+        first = smuid_of(root.publish("/d/state", "W1", [("Timeout", "-1")]))
+        second = smuid_of(root.publish("/d/state", "W2", [("Timeout", "-1")]))
+        # Smuids that are not pending there are ignored; the list form works.
+        assert root.command(f"REMOVE MESSAGE /d/state {first},999999990-999999999"
+                            ).code == 200
+        assert root.command("LIST MESSAGE /d/state").lines[-1] == str(second)
+        assert root.command(f"REMOVE MESSAGE /d/state {first}").code == 200  # gone already
+    with session(broker, "jtegen") as jtegen:  # /d/state is not visible to jtegen
+        assert jtegen.command(f"REMOVE MESSAGE /d/state {second}").code == 404
+    with session(broker, "bob") as bob:
+        # bob's delivery of W1 was withdrawn: only W2 comes.
+        got = bob.message(timeout=10)
+        assert got.message.get("Smuid").endswith(f"/{second}"), got
+        bob.ack()
+        assert bob.quiet(1.0)
+        bob.command("UNSUB *")
+
+
+def test_server_timeout_subscribers_are_told_before_a_shutdown(database_urls, tmp_path):
+    env = base_env(tmp_path, database_urls["sqlite"])
+    name = f"watcher{uuid.uuid4().hex[:6]}"
+    run_manage(env, "createaccount", name, "--password", "pw")
+    with listener(env, tmp_path, "--grace", "2", name="timeout-bye") as b, \
+            RawClient(b.host, b.port) as told, RawClient(b.host, b.port) as other:
+        told.login(name, "pw")
+        assert told.command("SUB SERVER TIMEOUT")[-1].startswith(b"200")
+        other.login("bob", "pw")
+        b.proc.send_signal(signal.SIGTERM)
+        warned = told.read_until_closed()
+        rest = other.read_until_closed()
+        assert b.proc.wait(timeout=20) == 0
+    assert warned.startswith(b"NOTIFY SERVER TIMEOUT 00:00:02\r\n\r\n"
+                             b"NOTIFY SERVER BYE 00:00:02\r\n\r\n"), warned
+    assert rest.startswith(b"NOTIFY SERVER BYE 00:00:02\r\n\r\n"), rest
 
 
 # --- limits that had no test ---------------------------------------------------------------------

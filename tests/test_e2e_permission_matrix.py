@@ -222,9 +222,20 @@ def publish(c: RawClient, kind: str, topic: str, cmuid: str, *headers: str) -> i
     return code(read_reply(c))
 
 
-def exercise(c: RawClient, me: str, right: str, topic: str, n: int) -> tuple[bool, list[int]]:
-    """Try ``right`` on ``topic`` through the SMQP commands that need it. Returns whether it
-    was allowed and the reply codes seen. Every command must agree."""
+def publish_original(c: RawClient, topic: str, cmuid: str) -> int:
+    """Publish a message to reply to (as a superuser); its smuid."""
+    c.send(f"PUBLISH MESSAGE {topic} {cmuid}\r\n\r\nContent-Type: text/plain\r\n"
+           f"Content-Length: 2\r\n\r\nhi\r\n.\r\n".encode())
+    reply = read_reply(c)
+    assert code(reply) == 200, reply
+    return int(reply[-1].split()[-1])
+
+
+def exercise(c: RawClient, me: str, right: str, topic: str, n: int,
+             original: int | None = None) -> tuple[bool, list[int]]:
+    """Try ``right`` on ``topic`` through the SMQP commands that need it (a reply answers
+    the message ``original``). Returns whether it was allowed and the reply codes seen.
+    Every command must agree."""
     if right == "subscribe":
         codes = [command(c, f"SUBSCRIBE MESSAGE {topic}")]
         if codes[0] == 200:
@@ -240,7 +251,8 @@ def exercise(c: RawClient, me: str, right: str, topic: str, n: int) -> tuple[boo
     elif right == "publish":
         codes = [publish(c, "MESSAGE", topic, f"M{n}")]
     elif right == "reply":
-        codes = [publish(c, "REPLY", topic, f"R{n}", "Cmuid: root/matrix/1")]
+        # Profile §9.1: a reply names its original by Smuid (and goes to its publisher).
+        codes = [publish(c, "REPLY", topic, f"R{n}", f"Smuid: test.example.net/{original}")]
     else:
         raise AssertionError(right)
     allowed = all(x == 200 for x in codes)
@@ -272,12 +284,16 @@ def matrix(fresh_broker) -> Iterator:
 def test_permission_matrix_over_smqp(matrix):
     """96 cells (4 rights with a command x 4 principal kinds x 3 depths x allow/deny), each
     for its tester (401 when refused: the topic is visible to it) and for the outsider."""
-    clients = {name: login(matrix, name) for name in {*TESTER.values(), OUTSIDER}}
+    clients = {name: login(matrix, name) for name in {*TESTER.values(), OUTSIDER, "root"}}
     wrong = []
     try:
         for n, cell in enumerate(c for c in CELLS if c.right in WIRE_RIGHTS):
+            original = None
+            if cell.right == "reply":
+                original = publish_original(clients["root"], cell.topic, f"O{n}")
             for who, outsider in ((cell.tester, False), (OUTSIDER, True)):
-                allowed, codes = exercise(clients[who], who, cell.right, cell.topic, n)
+                allowed, codes = exercise(clients[who], who, cell.right, cell.topic, n,
+                                          original)
                 want = cell.expected_on_the_wire(outsider)
                 refused_ok = all(x in (401, 404) for x in codes) if outsider else \
                     all(x == 401 for x in codes)

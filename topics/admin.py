@@ -3,18 +3,30 @@ showing what they inherit), and the whole tree on one page."""
 
 from __future__ import annotations
 
+import copy
+import functools
+from collections.abc import Callable, Iterable
+
+from django import forms
 from django.conf import settings
-from django.contrib import admin
-from django.core.exceptions import PermissionDenied
+from django.contrib import admin, messages
+from django.contrib.admin.options import IS_POPUP_VAR
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.db.models import Count, Q
-from django.http import HttpRequest, HttpResponse
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
+from accounts.models import Account
+from broker.services import ServiceError
+from broker.services import topics as topic_service
 from ual.admin import AuditedAdminMixin
 from ual.models import UALEntry
+from ual.resolution import AccessSnapshot
 
 from . import paths
 from .models import QUEUE_PARAMETERS, Topic, TopicKeyword
@@ -50,6 +62,103 @@ def _shown(value: int | None) -> str:
     return "unlimited" if value is None else str(value)
 
 
+# ------------------------------------------------------------------ through the topic services
+
+#: Set by the topic services (the path decides the parent, an account topic comes with its
+#: account, removal sets the state): shown, not edited, here.
+SERVICE_FIELDS = ("parent", "account", "state")
+#: No SMQP command sets these: the admin saves them as they are.
+ADMIN_FIELDS = ("delivery_mode", *QUEUE_PARAMETERS)
+
+
+def console_snapshot(user: Account) -> AccessSnapshot:
+    """How the admin's changes are decided: Django's model permissions let ``user`` into
+    the page; the topic services then decide as for a superuser, with the same checks,
+    refusals and notifications as over SMQP."""
+    acting = copy.copy(user)
+    acting.is_superuser = True
+    return AccessSnapshot(acting)
+
+
+def refusal(exc: ServiceError) -> str:
+    return f"Refused, as over SMQP: {exc.code} {exc.text}"
+
+
+class _Undone(Exception):
+    pass
+
+
+def dry_run(call: Callable[[], object]) -> None:
+    """Run ``call`` and undo it: it raises what it would refuse, and leaves nothing behind
+    (its notifications wait for a commit, and go with the rollback)."""
+    try:
+        with transaction.atomic():
+            call()
+            raise _Undone
+    except _Undone:
+        pass
+
+
+def edited_keywords(formset: BaseInlineFormSet) -> list[str]:
+    """The keywords the keyword inline holds once saved, in order (position, then as
+    listed)."""
+    kept = []
+    for i, form in enumerate(formset.forms):
+        data = getattr(form, "cleaned_data", None) or {}
+        word = (data.get("keyword") or "").strip()
+        if word and not formset._should_delete_form(form):
+            kept.append((data.get("position") or 0, i, word))
+    return [word for _, _, word in sorted(kept)]
+
+
+def removable(topic: Topic) -> bool:
+    """Can REMOVE TOPIC take it? Not an account topic (it goes with its account), nor one
+    being removed already."""
+    return (topic.account_id is None and topic.key != paths.ACCOUNTS_ROOT
+            and topic.state == Topic.State.ACTIVE)
+
+
+def removal_outcome(path: str, pending: int) -> str:
+    if pending:
+        return (f"“{path}” is being removed, as by REMOVE TOPIC: it takes no more publishes, "
+                f"and goes, with the topics below it, once its {pending} pending message(s) "
+                f"are delivered or expire.")
+    return f"“{path}” was removed, with the topics below it."
+
+
+class TopicForm(forms.ModelForm):
+    """Checks a new topic, or a topic's new path, as the topic services will when it is
+    saved (TopicAdmin.save_related): their refusal is a form error."""
+
+    #: The user saving (set per request by TopicAdmin.get_form).
+    acting_user: Account | None = None
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        new_path = cleaned.get("path")
+        if not new_path or "path" in self._errors:
+            return cleaned
+        try:
+            paths.check_creatable(new_path)
+        except paths.InvalidTopicPath as exc:
+            raise ValidationError({"path": str(exc)}) from exc
+        snapshot = console_snapshot(self.acting_user)
+        if self.instance.pk is None:
+            link = cleaned.get("link")
+            call = functools.partial(topic_service.create_topic, snapshot, new_path, None,
+                                     link.path if link is not None else None)
+        else:
+            old = Topic.objects.filter(pk=self.instance.pk).values_list("path", flat=True)[0]
+            if old == new_path:
+                return cleaned
+            call = functools.partial(topic_service.rename_topic, snapshot, old, new_path)
+        try:
+            dry_run(call)
+        except ServiceError as exc:
+            raise ValidationError(refusal(exc)) from exc
+        return cleaned
+
+
 @admin.register(Topic)
 class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("path", "link", "state", "delivery_mode", "account")
@@ -58,6 +167,7 @@ class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
     raw_id_fields = ("parent", "link", "account")
     readonly_fields = ("effective_queue_parameters", "access", "created", "updated")
     inlines = [KeywordInline, UALEntryInline]
+    form = TopicForm
     fieldsets = (
         (None, {"fields": ("path", "parent", "link", "account", "state", "delivery_mode")}),
         ("Queue parameters (empty: inherited)", {
@@ -73,6 +183,7 @@ class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
         """Each queue parameter's help text tells what an empty field inherits, and from
         where (form classes are built per request, so changing them here is safe)."""
         form = super().get_form(request, obj, **kwargs)
+        form.acting_user = request.user
         inherited = inherited_parameters(obj) if obj is not None else inherited_parameters(
             Topic())
         for name in QUEUE_PARAMETERS:
@@ -83,6 +194,121 @@ class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
             note = f"Empty: inherits {_shown(value)} from {source}."
             field.help_text = f"{field.help_text} {note}".strip() if field.help_text else note
         return form
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Topic | None = None):
+        fields = [*self.readonly_fields, *SERVICE_FIELDS]
+        if obj is not None:
+            fields.append("link")  # made with the topic, as by CREATE TOPIC /t > /target
+        return fields
+
+    # ------------------------------------------------ saving and removing, as SMQP does
+
+    def save_model(self, request: HttpRequest, obj: Topic, form, change: bool) -> None:
+        """Nothing yet: the topic is saved with its keywords, in :meth:`save_related`."""
+
+    def save_related(self, request: HttpRequest, form, formsets, change: bool) -> None:
+        """The topic goes through the topic services, as SMQP's commands: CREATE TOPIC (with
+        its keywords and link), SET TOPIC NAME (the subtree moves with it), SET TOPIC
+        KEYWORDS, each checked and told to TOPIC subscribers alike. The delivery mode and
+        queue parameters, which no command sets, are saved as they are; the UAL entries
+        inline as usual."""
+        keyword_sets = [fs for fs in formsets if fs.model is TopicKeyword]
+        for formset in keyword_sets:
+            formset.save(commit=False)  # what changed, for the history; saved below
+        keywords = edited_keywords(keyword_sets[0]) if keyword_sets else None
+        try:
+            with transaction.atomic():
+                self._save_topic(console_snapshot(request.user), form.instance, keywords,
+                                 change)
+        except ServiceError as exc:  # refused since the form was checked: nothing is kept
+            transaction.set_rollback(True)
+            request.topic_refused = exc
+            self.message_user(request, refusal(exc), messages.ERROR)
+            for formset in formsets:
+                if formset.model is not TopicKeyword:
+                    formset.save(commit=False)
+            return
+        form.save_m2m()
+        for formset in formsets:
+            if formset.model is not TopicKeyword:
+                self.save_formset(request, form, formset, change)
+
+    def _save_topic(self, snapshot: AccessSnapshot, topic: Topic, keywords: list[str] | None,
+                    change: bool) -> None:
+        if not change:
+            link = topic.link.path if topic.link_id else None
+            made = topic_service.create_topic(snapshot, topic.path, tuple(keywords or ()) or None,
+                                              link)
+            topic.pk, topic.key, topic.parent, topic.created = (
+                made.pk, made.key, made.parent, made.created)
+            topic._state.adding = False
+        else:
+            stored = Topic.objects.get(pk=topic.pk)
+            if topic.path != stored.path:
+                moved = topic_service.rename_topic(snapshot, stored.path, topic.path)
+                topic.key, topic.parent = moved.key, moved.parent
+            if keywords is not None and keywords != topic_service.keywords_of(stored):
+                topic_service.set_keywords(snapshot, topic.path, tuple(keywords))
+        topic.save(update_fields=[*ADMIN_FIELDS, "updated"])
+
+    def response_add(self, request: HttpRequest, obj: Topic,
+                     post_url_continue: str | None = None) -> HttpResponse:
+        if getattr(request, "topic_refused", None) is not None:
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_add(request, obj, post_url_continue)
+
+    def response_change(self, request: HttpRequest, obj: Topic) -> HttpResponse:
+        if getattr(request, "topic_refused", None) is not None:
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_change(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Topic | None = None) -> bool:
+        if obj is not None and not removable(obj):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_deleted_objects(self, objs: Iterable[Topic], request: HttpRequest):
+        """What the delete pages show: REMOVE TOPIC's outcome, not a cascade (the messages
+        stay until they are delivered or expire)."""
+        topics = list(objs)
+        described = [f"{t.path}, the topics below it and the virtual topics linking there: "
+                     f"they take no publishes from now on, and are deleted once their queues "
+                     f"are empty (as by REMOVE TOPIC)" for t in topics if removable(t)]
+        protected = [f"{t.path}: " + ("being removed already" if t.state != Topic.State.ACTIVE
+                                      else "an account topic, removed with its account")
+                     for t in topics if not removable(t)]
+        return described, {"topics": len(topics)}, set(), protected
+
+    def delete_model(self, request: HttpRequest, obj: Topic) -> None:
+        """As REMOVE TOPIC."""
+        try:
+            pending = topic_service.remove_topic(console_snapshot(request.user), obj.path)
+        except ServiceError as exc:
+            transaction.set_rollback(True)
+            self.message_user(request, f"{obj.path}: {refusal(exc)}", messages.ERROR)
+            return
+        self.message_user(request, removal_outcome(obj.path, pending), messages.SUCCESS)
+
+    def delete_queryset(self, request: HttpRequest, queryset) -> None:
+        """Each as REMOVE TOPIC (one below another goes with it)."""
+        snapshot = console_snapshot(request.user)
+        for topic in sorted(queryset, key=lambda t: t.key):
+            if not Topic.objects.filter(pk=topic.pk, state=Topic.State.ACTIVE).exists():
+                continue  # removed with a topic above it, or a topic it links to
+            try:
+                pending = topic_service.remove_topic(snapshot, topic.path)
+            except ServiceError as exc:
+                self.message_user(request, f"{topic.path}: {refusal(exc)}", messages.ERROR)
+                continue
+            self.message_user(request, removal_outcome(topic.path, pending), messages.SUCCESS)
+
+    def response_delete(self, request: HttpRequest, obj_display: str,
+                        obj_id: object) -> HttpResponse:
+        """The outcome is told by delete_model: Django's "deleted successfully" would not be
+        true of a topic kept until its queue empties."""
+        if IS_POPUP_VAR in request.POST:
+            return super().response_delete(request, obj_display, obj_id)
+        return HttpResponseRedirect(reverse("admin:topics_topic_changelist"))
 
     @admin.display(description="queue parameters in effect")
     def effective_queue_parameters(self, obj: Topic) -> str:

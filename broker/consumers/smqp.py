@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import logging
+import math
 import re
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from broker.services import ServiceError, freshness, notify, publish, read
 from broker.services import accounts as account_service
 from broker.services import ack as ack_service
 from broker.services import auth as auth_service
+from broker.services import removal as removal_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.smqp import commands as c
@@ -60,6 +63,9 @@ MAX_HELD_NOTIFICATIONS = 1000
 # Publishes of one session waiting for their commit before the session stops reading: a
 # publisher that sends without waiting for replies is held back here (TCP backpressure).
 MAX_OUTSTANDING_PUBLISHES = 1024
+# NOTIFY SERVER TIMEOUT goes this long before an idle close, or a quarter of the idle timeout
+# when that is shorter.
+TIMEOUT_NOTICE_SECONDS = 60.0
 
 
 def _handler_name(command_class: type) -> str:
@@ -165,7 +171,12 @@ class SMQPConsumer(AsyncConsumer):
         await self._process()
 
     async def smqp_shutdown(self, event: dict) -> None:
-        bye = serialize_notify_server_bye(int(event.get("grace", 0)))
+        """A scheduled shutdown: NOTIFY SERVER TIMEOUT (the grace period) to a session whose
+        account asked with SUB SERVER TIMEOUT, then NOTIFY SERVER BYE to every session."""
+        grace = int(event.get("grace", 0))
+        bye = serialize_notify_server_bye(grace)
+        if self.account is not None and self.account_id in await _server_timeout_watchers():
+            bye = serialize_notify_server_timeout(grace) + bye
         if self._notify_writer is not None:
             await self._notify(bye)
         await self._write(bye)
@@ -289,11 +300,15 @@ class SMQPConsumer(AsyncConsumer):
 
     # ------------------------------------------------------------------------------ timeouts
 
-    def _arm_watchdog(self, seconds: float) -> None:
+    def _arm_watchdog(self, seconds: float, notice: float = 0.0) -> None:
+        """Close the session after ``seconds`` without activity; ``notice`` seconds before
+        that, look whether it is to be told (NOTIFY SERVER TIMEOUT)."""
         if self._watchdog is not None:
             self._watchdog.cancel()
         self._watchdog_period = seconds
-        self._watchdog = self._loop.call_later(seconds, self._watchdog_fired)
+        self._timeout_notice = notice
+        self._noticed_activity: float | None = None
+        self._watchdog = self._loop.call_later(seconds - notice, self._watchdog_fired)
 
     def _watchdog_fired(self) -> None:
         period = self._watchdog_period
@@ -302,11 +317,49 @@ class SMQPConsumer(AsyncConsumer):
             # Before login the clock does not restart on traffic: log in or leave.
             remaining = 0
         if remaining > 0:
-            self._watchdog = self._loop.call_later(remaining, self._watchdog_fired)
+            notice = self._timeout_notice
+            if remaining > notice:
+                delay = remaining - notice
+            else:
+                delay = remaining
+                if self._noticed_activity != self._last_activity:
+                    # Once per idle period; the notice itself is no activity of the client's.
+                    self._noticed_activity = self._last_activity
+                    self._notice_task = asyncio.ensure_future(
+                        self._notify_timeout(math.ceil(remaining)))
+            self._watchdog = self._loop.call_later(delay, self._watchdog_fired)
             return
         self.closing = True
         reason = "idle" if self.account is not None else "no login"
         self._timeout_task = asyncio.ensure_future(self._close_for_timeout(reason))
+
+    async def _notify_timeout(self, seconds: int) -> None:
+        """NOTIFY SERVER TIMEOUT before an idle close, if the account has SUB SERVER TIMEOUT
+        (and notifications are not suspended). Written without counting as activity, so
+        the close still comes when it was due."""
+        try:
+            wanted = await dbthread.run(subscription_service.wants_server_timeout,
+                                        self.account_id)
+        except Exception:  # the close still comes; only the notice is lost
+            logger.warning("SUB SERVER TIMEOUT unreadable for %s", self.peer, exc_info=True)
+            return
+        if (not wanted or self.closing or self.suspended
+                or self._noticed_activity != self._last_activity):  # active meanwhile
+            return
+        data = serialize_notify_server_timeout(seconds)
+        writer = self._notify_writer
+        if writer is not None and not writer.is_closing():
+            with contextlib.suppress(ConnectionError, OSError):
+                writer.write(data)
+                await writer.drain()
+            return
+        while self._long_reply.locked():
+            async with self._long_reply:
+                pass
+        if self._out:  # replies already due go first; never split one
+            data = bytes(self._out) + data
+            self._out.clear()
+        await self.send({"type": "smqp.send", "bytes": data, "close": False})
 
     async def _close_for_timeout(self, reason: str) -> None:
         self._out += serialize_reply(408, [f"Request timeout ({reason}); closing"])
@@ -415,13 +468,17 @@ class SMQPConsumer(AsyncConsumer):
         self.dispatcher.register(self)
         await self.dispatcher.joined()  # wake-ups from other processes reach us from here on
         await self._read_backlog()
-        self._arm_watchdog(settings.SMQP_IDLE_TIMEOUT)
+        idle = settings.SMQP_IDLE_TIMEOUT
+        self._arm_watchdog(idle, notice=min(TIMEOUT_NOTICE_SECONDS, idle / 4))
         self.reply(
             200,
             "OK",
             f"Topic: {account.account_topic_path}",
             f"Timeout: {format_timeout(settings.SMQP_DEFAULT_TIMEOUT)}",
             f"Time: {format_datetime(timezone.now())}",
+            # The limits this server enforces (draft 5.1 item 6).
+            f"Max-Message-Size: {settings.SMQP_MAX_MESSAGE_BYTES}",
+            f"Max-Subscriptions: {settings.SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT}",
             f"Guid: {session.guid}",
         )
 
@@ -480,6 +537,10 @@ class SMQPConsumer(AsyncConsumer):
     async def cmd_remove_topic(self, cmd: c.RemoveTopic) -> None:
         pending = await self._as_account(topic_service.remove_topic, cmd.topic)
         self.reply(200, "OK", f"{pending} messages pending")
+
+    async def cmd_remove_message(self, cmd: c.RemoveMessage) -> None:
+        await self._as_account(removal_service.remove_messages, cmd.topic, cmd.smuids)
+        self.reply(200, "OK")
 
     async def cmd_set_topic_name(self, cmd: c.SetTopicName) -> None:
         await self._as_account(topic_service.rename_topic, cmd.topic, cmd.new_topic)
@@ -816,6 +877,24 @@ class SMQPConsumer(AsyncConsumer):
             await writer.drain()
         except (ConnectionError, OSError):
             self._close_notify_channel()
+
+
+_watchers: tuple[float, asyncio.Future] | None = None
+
+
+async def _server_timeout_watchers() -> set[int]:
+    """Accounts with SUB SERVER TIMEOUT, read once for all the sessions of this process that
+    ask within a second (a shutdown asks for every session at once); none if unreadable."""
+    global _watchers
+    loop = asyncio.get_running_loop()
+    if _watchers is None or _watchers[0] < loop.time() or _watchers[1].get_loop() is not loop:
+        _watchers = (loop.time() + 1.0, asyncio.ensure_future(dbthread.run(
+            lambda: set(subscription_service.server_timeout_watchers()))))
+    try:
+        return await asyncio.shield(_watchers[1])
+    except Exception:
+        logger.warning("SUB SERVER TIMEOUT subscribers unreadable", exc_info=True)
+        return set()
 
 
 def _log_failure(task: asyncio.Task) -> None:

@@ -24,7 +24,7 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, not_found, unauthorized
+from . import ServiceError, conflict, not_found, unauthorized
 from . import topics as topic_service
 from .deliveries import effective
 
@@ -94,31 +94,44 @@ def prepare(snapshot: AccessSnapshot, req: PublishRequest,
     return topic, row
 
 
-def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic, Message | None]:
-    """PUB REPLY goes to the original publisher's account topic; the reply right is needed
-    on the topic the original message was received from."""
-    topic = topic_service.node(req.topic)
-    if topic is None or not snapshot.can_see(topic):
+def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic, Message]:
+    """PUB REPLY (profile §9.1): the reply goes to the account topic of the original's
+    publisher, the original being the message its ``Smuid:`` names, on the reply's topic. The
+    replier needs the reply right there and must be able to receive the original (404
+    otherwise, as for an original that does not exist); a ``Cmuid:`` header must be the
+    original's (409). The target is never taken from ``Cmuid:``."""
+    found = topic_service.node(req.topic)
+    if found is None or found.state != Topic.State.ACTIVE or not snapshot.can_see(found):
         raise not_found("topic")
-    if not snapshot.allows(topic, Right.REPLY):
-        raise unauthorized(f"no reply right on {topic.path}")
-    original = None
+    if not snapshot.allows(found, Right.REPLY):
+        raise unauthorized(f"no reply right on {found.path}")
     smuid_hdr = req.message.get("Smuid")
-    if smuid_hdr:
-        _, number = parse_smuid_header(smuid_hdr)
-        original = Message.objects.filter(pk=number).select_related("publisher").first()
-    account_name = None
-    cmuid_hdr = req.message.get("Cmuid")
-    if cmuid_hdr:
-        account_name = cmuid_hdr.split("/", 1)[0]
-    elif original is not None and original.publisher is not None:
-        account_name = original.publisher.username
-    if not account_name:
+    if not smuid_hdr:
+        raise ServiceError(400, "Bad request (PUB REPLY needs the Smuid of the original)")
+    _, number = parse_smuid_header(smuid_hdr)
+    original = (Message.objects.filter(pk=number, topic_id=found.resolved().pk)
+                .exclude(state=Message.State.DELETED).select_related("publisher").first())
+    # An original the replier could not receive is not told apart from a missing one.
+    if original is None or not snapshot.allows(found, Right.SUBSCRIBE):
         raise not_found("original message")
-    target = Topic.objects.filter(account__username_key=account_name.casefold()).first()
+    cmuid_hdr = req.message.get("Cmuid")
+    if cmuid_hdr is not None and not _same_cmuid(cmuid_hdr, original):
+        raise conflict("Cmuid is not the original message's")
+    target = None
+    if original.publisher_id is not None:
+        target = Topic.objects.filter(account_id=original.publisher_id).first()
     if target is None:
         raise not_found("original publisher")
     return target, original
+
+
+def _same_cmuid(header: str, original: Message) -> bool:
+    """Is ``header`` the original's Cmuid as delivered (``account/guid/token``, as
+    :func:`.read.load_for_delivery` writes it; the account name in any case)?"""
+    publisher = original.publisher.username if original.publisher else "system"
+    account, _, rest = header.strip().partition("/")
+    return (account.casefold() == publisher.casefold()
+            and rest == f"{original.publisher_guid or publisher}/{original.cmuid}")
 
 
 def _stored_headers(req: PublishRequest, now: datetime) -> list[tuple[str, str]]:

@@ -83,8 +83,9 @@ def get_messages(snapshot: AccessSnapshot, path: str, smuids: SmuidSet,
     if not snapshot.allows(topic, Right.SUBSCRIBE):
         raise unauthorized(f"no subscribe right on {topic.path}")
     real = topic.resolved()
-    qs = Message.objects.filter(topic_id=real.pk).exclude(state=Message.State.DELETED)
-    qs = qs.filter(state=Message.State.TRASH) if trash else qs
+    # ``/t`` is the queue (what is pending), ``/t/Trash`` its Trash: as LIST and COUNT.
+    qs = Message.objects.filter(
+        topic_id=real.pk, state=Message.State.TRASH if trash else Message.State.PENDING)
     if not smuids.all:
         cond = Q()
         for lo, hi in smuids.ranges:

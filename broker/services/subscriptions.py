@@ -163,6 +163,11 @@ def unsubscribe(snapshot: AccessSnapshot, resource: str,
     return [(WIRE_NAME[s.resource], s.pattern) for s in removed]
 
 
+def wants_server_timeout(account_id: int) -> bool:
+    """Has the account asked for NOTIFY SERVER TIMEOUT (SUB SERVER TIMEOUT)?"""
+    return Subscription.objects.filter(account_id=account_id, resource=R.SERVER).exists()
+
+
 def server_timeout_watchers() -> list[int]:
     return list(Subscription.objects.filter(resource=R.SERVER).values_list("account_id",
                                                                           flat=True))

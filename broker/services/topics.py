@@ -387,13 +387,14 @@ def get_keywords(snapshot: AccessSnapshot, path: str) -> list[str]:
 @answer_from_fresh_caches
 def find_topics(snapshot: AccessSnapshot, pattern: TopicPattern,
                 keywords: tuple[str, ...] | None) -> list[tuple[Node, list[str]]]:
-    """FIND TOPIC: the topic (or with a wildcard every topic below it) whose keywords match:
-    each query keyword must be a case-insensitive substring of one of the topic's keywords."""
+    """FIND TOPIC: topics each query keyword is a case-insensitive substring of a keyword
+    of; ``/t/*`` searches every topic below ``/t``, ``/t (kw)`` the topic and its children
+    (the draft's example finds ``/stocks/ibm`` by ``/stocks (BLUE)``), ``/t`` the topic."""
     wanted = [k.casefold() for k in keywords or ()]
-    found = []
-    for topic in _matching(snapshot, pattern):
-        folded = [k.casefold() for k in topic.keywords]
-        if all(any(w in k for k in folded) for w in wanted):
-            found.append((topic, list(topic.keywords)))
-    return found
-
+    if pattern.wildcard or not wanted:
+        searched = _matching(snapshot, pattern)
+    else:
+        top = [] if pattern.base in ("", "/") else [visible_node(snapshot, pattern.base)]
+        searched = [*top, *_children(snapshot, pattern.base or "/")]
+    return [(t, list(t.keywords)) for t in searched
+            if all(any(w in k.casefold() for k in t.keywords) for w in wanted)]
