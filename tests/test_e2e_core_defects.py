@@ -101,6 +101,18 @@ def test_reply_cannot_be_aimed_at_another_account(broker):
             s.command("UNSUB *")
 
 
+def test_reply_may_name_its_original_by_a_bare_smuid(broker):
+    with session(broker, "alice") as alice, session(broker, "bob") as bob:
+        assert alice.command("SUB MESSAGE /accounts/alice").code == 200
+        asked = smuid_of(alice.publish("/d/reply", "Q2"))
+        assert reply_to(bob, "/d/reply", str(asked)).code == 200  # profile §9.1: host/n or n
+        answer = alice.message()
+        assert answer.topic == "/accounts/alice"
+        assert header(answer, "X-Reply-Smuid") == str(asked)
+        alice.ack()
+        alice.command("UNSUB *")
+
+
 def test_reply_needs_an_original_the_replier_could_receive(broker):
     with session(broker, "alice") as alice, session(broker, "jtegen") as jtegen:
         hidden = smuid_of(alice.publish("/d/hidden", "H1"))

@@ -25,6 +25,7 @@ __all__ = [
     "parse_datetime",
     "parse_int",
     "parse_keywords",
+    "parse_reply_smuid",
     "parse_smuid_header",
     "parse_smuid_list",
     "parse_timeout",
@@ -393,3 +394,14 @@ def parse_smuid_header(s: str) -> tuple[str, int]:
         return host, parse_int(num, minimum=1, what="smuid")
     except ProtocolError:
         raise bad_request("invalid smuid") from None
+
+
+def parse_reply_smuid(s: str) -> int:
+    """The smuid a PUB REPLY names in its ``Smuid:`` header (profile §9.1): ``host/number`` or
+    a bare number."""
+    if s.isdigit():
+        try:
+            return parse_int(s, minimum=1, what="smuid")
+        except ProtocolError:
+            raise bad_request("invalid smuid") from None
+    return parse_smuid_header(s)[1]

@@ -14,7 +14,7 @@ from broker.domain.values import (
     parse_bool,
     parse_datetime,
     parse_int,
-    parse_smuid_header,
+    parse_reply_smuid,
     parse_timeout,
 )
 from broker.models import Message
@@ -108,7 +108,7 @@ def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic,
     smuid_hdr = req.message.get("Smuid")
     if not smuid_hdr:
         raise ServiceError(400, "Bad request (PUB REPLY needs the Smuid of the original)")
-    _, number = parse_smuid_header(smuid_hdr)
+    number = parse_reply_smuid(smuid_hdr)
     original = (Message.objects.filter(pk=number, topic_id=found.resolved().pk)
                 .exclude(state=Message.State.DELETED).select_related("publisher").first())
     # An original the replier could not receive is not told apart from a missing one.

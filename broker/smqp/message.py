@@ -18,7 +18,7 @@ from .values import (
     parse_bool,
     parse_datetime,
     parse_int,
-    parse_smuid_header,
+    parse_reply_smuid,
     parse_timeout,
 )
 
@@ -92,7 +92,7 @@ def _check_mime_version(value: str) -> None:
 
 
 def _check_smuid(value: str) -> None:
-    parse_smuid_header(value)
+    parse_reply_smuid(value)
 
 
 _PUB_CHECKS = {

@@ -21,6 +21,7 @@ from broker.smqp.values import (
     parse_datetime,
     parse_int,
     parse_keywords,
+    parse_reply_smuid,
     parse_smuid_header,
     parse_smuid_list,
     parse_timeout,
@@ -319,6 +320,14 @@ def test_smuid_header() -> None:
     assert parse_smuid_header("www.domain.com/orange/12") == ("www.domain.com/orange", 12)
     for bad in ("1835", "/1835", "host/", "host/0", "host/x", "ho st/1"):
         assert _bad(parse_smuid_header, bad).text == "Bad request (invalid smuid)"
+
+
+def test_reply_smuid_may_be_bare() -> None:
+    # Profile §9.1: a reply's Smuid is host/number or a bare number.
+    assert parse_reply_smuid("1835") == 1835
+    assert parse_reply_smuid("www.host.com/1835") == 1835
+    for bad in ("0", "/1835", "host/", "x", "ho st/1", "-3"):
+        assert _bad(parse_reply_smuid, bad).text == "Bad request (invalid smuid)"
 
 
 def test_parse_int() -> None:
