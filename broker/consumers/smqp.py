@@ -322,6 +322,11 @@ class SMQPConsumer(AsyncConsumer):
             self.pending_login = None
             self.reply(405, "Not allowed (authentication method)")
             return
+        if cmd.method.upper() == "CLEAR" and not auth_service.clear_allowed(
+                self.scope.get("tls") is not None, self.peer_host):
+            self.pending_login = None
+            self.reply(405, "Not allowed (CLEAR on plain TCP; use SMQPS or SCRAM-SHA-256)")
+            return
         # Profile §5: the same answer whether or not the account exists.
         self.pending_login = (cmd.username, f"{cmd.method.upper()}/{cmd.version}")
         if cmd.method.upper() == "SCRAM-SHA-256":

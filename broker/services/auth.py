@@ -9,6 +9,7 @@ past a second one the address is refused for a while.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -38,6 +39,24 @@ def _dummy_hash() -> str:
 
 def is_supported_method(method: str) -> bool:
     return method.upper() in SUPPORTED_METHODS
+
+
+def clear_allowed(tls: bool, peer_host: str) -> bool:
+    """May a CLEAR login (a password in the clear) be made on this connection? Always on TLS;
+    on plain TCP as ``SMQP_CLEAR_ON_PLAIN`` says (profile §9.4): ``loopback`` allows only a
+    peer on this machine's loopback (127.0.0.0/8, ::1), where no network is crossed."""
+    if tls:
+        return True
+    policy = settings.SMQP_CLEAR_ON_PLAIN
+    if policy != "loopback":
+        return policy == "yes"
+    try:
+        address = ipaddress.ip_address(peer_host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack socket's ::ffff:127.0.0.1
+    return address.is_loopback
 
 
 def find_account(username: str) -> Account | None:
