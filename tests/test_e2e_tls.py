@@ -9,6 +9,7 @@ function is also tested on its own for the addresses no test host can have.
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import re
@@ -365,3 +366,97 @@ def wait_for(condition, broker: Listener, seconds: float = 15) -> None:
     while not condition():
         assert time.monotonic() < deadline, broker.log()
         time.sleep(0.05)
+
+
+# --- SCRAM-SHA-256-PLUS, password changes ------------------------------------------------------
+
+
+def scram_login(client: RawClient, user: str, password: str, method: str,
+                binding: tuple[str, bytes] | None = None) -> list[bytes]:
+    """A SCRAM exchange; returns the final reply (or the refusal)."""
+    from accounts.scram import ScramClient
+
+    assert client.read_line().startswith(b"SMQP/")
+    reply = client.command(f"LOGIN {user} {method}/1.0")
+    if reply[-1] != b"200 + \r\n":
+        return reply
+    scram = ScramClient(user, password, channel_binding=binding)
+    client.send_line(base64.b64encode(scram.first()).decode())
+    challenge = client.read_line()
+    if not challenge.startswith(b"+ "):
+        return [challenge]
+    client.send_line(base64.b64encode(scram.final(base64.b64decode(challenge[2:]))).decode())
+    line = client.read_line()
+    if not line.startswith(b"+ "):
+        return [line]
+    scram.verify(base64.b64decode(line[2:]))
+    return client.read_reply()
+
+
+def end_point(client: TLSClient) -> tuple[str, bytes]:
+    from accounts.scram import TLS_SERVER_END_POINT, tls_server_end_point
+
+    return TLS_SERVER_END_POINT, tls_server_end_point(client.sock.getpeercert(binary_form=True))
+
+
+def test_scram_sha_256_plus_login_over_smqps(tls_broker, ca) -> None:
+    with TLSClient("127.0.0.1", tls_broker.ports["SMQPS"], client_context(ca)) as client:
+        reply = scram_login(client, "bob", "pw", "SCRAM-SHA-256-PLUS", end_point(client))
+        assert reply[-1].startswith(b"200 Guid: bob"), reply
+
+
+def test_scram_plus_bound_to_another_certificate_fails(tls_broker, ca) -> None:
+    other = trustme.CA().issue_cert("localhost").cert_chain_pems[0].bytes()
+    data = ssl.PEM_cert_to_DER_cert(other.decode())
+    from accounts.scram import TLS_SERVER_END_POINT, tls_server_end_point
+
+    with TLSClient("127.0.0.1", tls_broker.ports["SMQPS"], client_context(ca)) as client:
+        reply = scram_login(client, "bob", "pw", "SCRAM-SHA-256-PLUS",
+                            (TLS_SERVER_END_POINT, tls_server_end_point(data)))
+        assert reply == [b"401 Unauthorized\r\n"]
+
+
+def test_scram_plus_needs_binding_and_tls(tls_broker, ca) -> None:
+    with TLSClient("127.0.0.1", tls_broker.ports["SMQPS"], client_context(ca)) as client:
+        # PLUS without binding (gs2 flag n) is refused like any failure.
+        assert scram_login(client, "bob", "pw", "SCRAM-SHA-256-PLUS") == [
+            b"401 Unauthorized\r\n"]
+    with RawClient("127.0.0.1", tls_broker.ports["SMQP"]) as client:
+        assert client.read_line().startswith(b"SMQP/")
+        assert client.command("LOGIN bob SCRAM-SHA-256-PLUS/1.0")[-1].startswith(b"405 ")
+
+
+def test_scram_sha_256_over_smqps_may_bind(tls_broker, ca) -> None:
+    with TLSClient("127.0.0.1", tls_broker.ports["SMQPS"], client_context(ca)) as client:
+        assert scram_login(client, "bob", "pw", "SCRAM-SHA-256")[-1].startswith(b"200 Guid:")
+    with TLSClient("127.0.0.1", tls_broker.ports["SMQPS"], client_context(ca)) as client:
+        reply = scram_login(client, "bob", "pw", "SCRAM-SHA-256", end_point(client))
+        assert reply[-1].startswith(b"200 Guid:")
+
+
+def test_scram_session_changes_its_password_over_smqps(tls_env, ca) -> None:
+    env, base = tls_env
+    run_manage(env, "shell", "--no-imports", "-c", accounts_script("carol"))
+    with running(env, base, "--host", "127.0.0.1", "--port", "0", "--tls-port", "0") as broker:
+        port = broker.ports["SMQPS"]
+        with TLSClient("127.0.0.1", port, client_context(ca)) as client:
+            assert scram_login(client, "carol", "pw", "SCRAM-SHA-256-PLUS",
+                               end_point(client))[-1].startswith(b"200 Guid:")
+            assert client.command("SET LOGIN PASSWORD CLEAR/1.0") == [b"200 OK\r\n"]
+            assert client.command("PASS pw n3w-Secret-pw") == [b"200 OK\r\n"]
+        with TLSClient("127.0.0.1", port, client_context(ca)) as client:
+            assert scram_login(client, "carol", "n3w-Secret-pw", "SCRAM-SHA-256-PLUS",
+                               end_point(client))[-1].startswith(b"200 Guid:")
+
+
+def test_password_change_on_plain_follows_the_clear_rule(tls_env) -> None:
+    env, base = tls_env
+    with running({**env, "SMQP_CLEAR_ON_PLAIN": "no"}, base, "--host", "127.0.0.1",
+                 "--port", "0", "--tls-port", "0") as broker, \
+            RawClient("127.0.0.1", broker.ports["SMQP"]) as client:
+        assert scram_login(client, "bob", "pw", "SCRAM-SHA-256")[-1].startswith(b"200 Guid:")
+        assert client.command("SET LOGIN PASSWORD CLEAR/1.0") == [b"200 OK\r\n"]
+        assert client.command("PASS pw other-pw")[-1].startswith(b"405 ")
+    with running(env, base, "--host", "127.0.0.1", "--port", "0", "--tls-port", "0") as broker, \
+            RawClient("127.0.0.1", broker.ports["SMQP"]) as client:
+        assert clear_login(client, "bob", "pw")[-1].startswith(b"200 Guid:")  # unchanged
