@@ -118,7 +118,8 @@ class _Connection(asyncio.Protocol):
         # The peer has finished sending (maybe only a half-close). The transport stays open:
         # replies to what it sent are still written, then the application's end closes it.
         self._peer_gone()
-        return True
+        # TLS has no half-close: its transport closes whatever this returns (and warns).
+        return self.server.ssl_context is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
