@@ -106,6 +106,11 @@ class Command(BaseCommand):
                 raise CommandError(PRIVILEGED_PORT_HELP.format(port=bad_port)) from exc
             raise CommandError(
                 f"Cannot listen on {host}:{bad_port}: {exc.strerror or exc}") from exc
+        except PermissionError as exc:
+            raise CommandError(PRIVILEGED_PORT_HELP.format(port=listeners[0][0])) from exc
+        except OSError as exc:
+            raise CommandError(f"Cannot listen on {host}:{listeners[0][0]}: "
+                               f"{exc.strerror or exc}") from exc
 
     async def _serve(self, host: str, listeners: list[tuple[int, str, str]],
                      reuse_port: bool, grace: float) -> None:
