@@ -1,4 +1,5 @@
-"""SCRAM-SHA-256 (RFC 5802, RFC 7677) as a pure, sans-IO state machine.
+"""SCRAM-SHA-256 and SCRAM-SHA-256-PLUS (RFC 5802, RFC 7677; channel binding
+``tls-server-end-point``, RFC 5929) as a pure, sans-IO state machine.
 
 The server side works straight from the PBKDF2-SHA256 hashes Django already stores, so no
 plaintext password and no extra per-account secret is kept. A Django hash
@@ -48,7 +49,11 @@ __all__ = [
     "ScramServer",
     "django_default_iterations",
     "dummy_credentials",
+    "tls_server_end_point",
 ]
+
+#: The one channel binding type offered (SCRAM-SHA-256-PLUS on SMQPS).
+TLS_SERVER_END_POINT = "tls-server-end-point"
 
 #: The one error text for a wrong password and for an unknown account alike (profile §5).
 AUTH_FAILED = "authentication failed"
@@ -245,6 +250,19 @@ def dummy_credentials(
     return ScramCredentials.from_salted_password(salted, "".join(chars).encode("ascii"), iterations)
 
 
+def tls_server_end_point(certificate_der: bytes) -> bytes:
+    """The ``tls-server-end-point`` channel binding data of a server certificate (RFC 5929
+    §4.1): its hash with the certificate's signature hash, SHA-256 when that is MD5 or
+    SHA-1 (or none)."""
+    from cryptography import x509
+
+    algorithm = x509.load_der_x509_certificate(certificate_der).signature_hash_algorithm
+    name = algorithm.name if algorithm is not None else "sha256"
+    if name in ("md5", "sha1"):
+        name = "sha256"
+    return hashlib.new(name, certificate_der).digest()
+
+
 def django_default_iterations() -> int:
     """Iteration count Django gives new ``pbkdf2_sha256`` hashes (needs Django settings).
 
@@ -287,8 +305,12 @@ class ScramServer:
     ``lookup`` does (e.g. ``str.casefold`` for case-insensitive accounts), otherwise an unknown
     ``"BOB"`` and ``"bob"`` get different salts while a real account's would be the same.
 
-    Only ``gs2-cbind-flag`` ``n`` and ``y`` are supported (no channel binding); an authzid
-    (``a=``) is accepted only when it equals the username.
+    ``channel_binding`` is ``(type, data)`` when the connection has one (TLS:
+    ``("tls-server-end-point", tls_server_end_point(cert))``): a client may then bind with
+    ``p=<type>``, and ``y`` (the client thinks the server cannot bind) fails as a downgrade
+    (RFC 5802 §6). ``require_binding`` (SCRAM-SHA-256-PLUS) accepts only ``p=<type>``.
+    Without ``channel_binding`` only ``n`` and ``y`` are accepted. An authzid (``a=``) is
+    accepted only when it equals the username.
 
     After the exchange, ``authenticated`` is true on success and ``username`` holds the name
     as the client gave it (``=2C``/``=3D`` decoded). ``username`` is set as soon as client-first
@@ -303,7 +325,13 @@ class ScramServer:
         nonce_factory: Callable[[], str] | None = None,
         dummy_iterations: int = DEFAULT_DUMMY_ITERATIONS,
         dummy_key: Callable[[str], str] | None = None,
+        channel_binding: tuple[str, bytes] | None = None,
+        require_binding: bool = False,
     ) -> None:
+        if require_binding and channel_binding is None:
+            raise ValueError("require_binding needs channel_binding")
+        self._binding = channel_binding
+        self._require_binding = require_binding
         self._lookup = lookup
         self._dummy_secret = dummy_secret
         self._nonce_factory = nonce_factory or _default_nonce
@@ -313,6 +341,7 @@ class ScramServer:
         self._credentials: ScramCredentials | None = None
         self._known = False
         self._gs2_header = b""
+        self._cbind_input = b""
         self._nonce = ""
         self._client_first_bare = ""
         self._server_first = ""
@@ -349,12 +378,19 @@ class ScramServer:
         flag, sep, rest = text.partition(",")
         if not sep:
             raise ScramError(f"malformed {what}")
+        binding = self._binding
         if flag.startswith("p="):
             if not _CB_NAME_RE.fullmatch(flag[2:]):
                 raise ScramError(f"malformed {what}")
-            raise ScramError("channel binding not supported")
-        if flag not in ("n", "y"):
+            if binding is None or flag[2:] != binding[0]:
+                raise ScramError("channel binding not supported")
+        elif flag not in ("n", "y"):
             raise ScramError(f"malformed {what}")
+        elif self._require_binding:
+            raise ScramError("channel binding required")
+        elif flag == "y" and binding is not None:
+            # The client could bind but believes this server cannot: a downgrade.
+            raise ScramError("channel binding downgrade")
         authzid_part, sep, bare = rest.partition(",")
         if not sep:
             raise ScramError(f"malformed {what}")
@@ -391,6 +427,7 @@ class ScramServer:
         self.username = username
         self._credentials = credentials
         self._gs2_header = gs2_header.encode("utf-8")
+        self._cbind_input = self._gs2_header + (binding[1] if flag.startswith("p=") else b"")
         self._client_first_bare = bare
         self._nonce = client_nonce + server_nonce
         self._server_first = (
@@ -414,7 +451,7 @@ class ScramServer:
         _check_extensions(parts[2:-1], what)
         proof = _unb64(_attr(proof_part, "p", what), what)
 
-        if not hmac.compare_digest(cbind, self._gs2_header):
+        if not hmac.compare_digest(cbind, self._cbind_input):
             raise ScramError("channel binding mismatch")
         if not hmac.compare_digest(nonce.encode("ascii"), self._nonce.encode("ascii")):
             raise ScramError("nonce mismatch")
@@ -446,7 +483,8 @@ class ScramClient:
     ``first()`` gives client-first, ``final(server_first)`` gives client-final, and
     ``verify(server_final)`` checks the server's signature (raises :class:`ScramError` if it is
     wrong or the server reported an error). The password is used as given (UTF-8, no
-    normalisation), matching what Django hashed. The gs2 header is always ``n,,``.
+    normalisation), matching what Django hashed. The gs2 header is ``n,,``, or
+    ``p=<type>,,`` with ``channel_binding=(type, data)`` (SCRAM-SHA-256-PLUS).
     """
 
     def __init__(
@@ -456,7 +494,13 @@ class ScramClient:
         nonce: str | None = None,
         *,
         max_iterations: int = DEFAULT_MAX_CLIENT_ITERATIONS,
+        channel_binding: tuple[str, bytes] | None = None,
     ) -> None:
+        if channel_binding is not None and not _CB_NAME_RE.fullmatch(channel_binding[0]):
+            raise ScramError("invalid channel binding type")
+        self._gs2_header = f"p={channel_binding[0]},," if channel_binding else "n,,"
+        self._cbind_input = self._gs2_header.encode("ascii") + (
+            channel_binding[1] if channel_binding else b"")
         if nonce is None:
             nonce = _default_nonce()
         if not _PRINTABLE_RE.fullmatch(nonce):
@@ -476,7 +520,7 @@ class ScramClient:
         if self._state != "initial":
             raise ScramError("client-first already sent")
         self._state = "first"
-        return f"n,,{self._client_first_bare}".encode()
+        return f"{self._gs2_header}{self._client_first_bare}".encode()
 
     def final(self, server_first: bytes) -> bytes:
         """The client-final message answering ``server_first``."""
@@ -506,7 +550,7 @@ class ScramClient:
 
         salted = hashlib.pbkdf2_hmac("sha256", self._password, salt, iterations, dklen=_KEY_LEN)
         client_key = _hmac(salted, b"Client Key")
-        without_proof = f"c={_b64(b'n,,')},r={nonce}"
+        without_proof = f"c={_b64(self._cbind_input)},r={nonce}"
         auth_message = ",".join((self._client_first_bare, text, without_proof)).encode("utf-8")
         client_signature = _hmac(_h(client_key), auth_message)
         proof = _xor(client_key, client_signature)

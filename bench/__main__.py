@@ -6,6 +6,8 @@ Examples::
     python -m bench commands --seconds 10 --db both
     python -m bench commands --db postgres --clients 50 --pipeline 4
     python -m bench messages --scenario all --db both    # issue 4, against RabbitMQ too
+    python -m bench messages --tls --db sqlite           # the same over SMQPS beside plain
+    python -m bench tls                                  # TLS handshakes, failed-login timing
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import messages, smqp_load
+from . import messages, smqp_load, tls
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -23,6 +25,7 @@ from .isolated import BrokerSetupError
 BENCHMARKS: dict[str, ModuleType] = {
     "commands": smqp_load,
     "messages": messages,
+    "tls": tls,
 }
 DEFAULT = "commands"
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
+import ssl
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -69,6 +71,12 @@ class Notification:
         return parts[1].upper() if len(parts) > 1 else ""
 
 
+@functools.lru_cache(maxsize=4)
+def tls_context(ca_file: str) -> ssl.SSLContext:
+    """A client TLS context trusting ``ca_file`` (made once per process and CA)."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
 class SMQPClient:
     """One SMQP connection. Create with :meth:`connect`."""
 
@@ -82,10 +90,14 @@ class SMQPClient:
         self.guid: str | None = None
 
     @classmethod
-    async def connect(cls, host: str, port: int, *, timeout: float = 30) -> SMQPClient:
-        """Open a connection and read the greeting (``SMQP/1.0 Ready. ...``)."""
+    async def connect(cls, host: str, port: int, *, timeout: float = 30,
+                      tls_ca: str = "") -> SMQPClient:
+        """Open a connection and read the greeting (``SMQP/1.0 Ready. ...``); over TLS
+        (SMQPS) when ``tls_ca`` names the CA file that signed the server's certificate."""
+        tls = tls_context(tls_ca) if tls_ca else None
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=1 << 20), timeout)
+            asyncio.open_connection(host, port, limit=1 << 20, ssl=tls,
+                                    server_hostname="localhost" if tls else None), timeout)
         raw = await asyncio.wait_for(reader.readline(), timeout)
         greeting = raw.decode("utf-8", "replace").rstrip("\r\n")
         if not greeting.startswith("SMQP/1.0 Ready."):

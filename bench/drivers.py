@@ -65,6 +65,8 @@ class BrokerSpec:
     subscriber_user: str = "benchsub"
     user: str = "guest"
     vhost: str = "/"
+    #: SMQP over TLS (SMQPS): the CA file that signed the server's certificate.
+    tls_ca: str = ""
 
     @property
     def label(self) -> str:
@@ -225,7 +227,8 @@ class SMQPPublisher(Publisher):
         self._prefix = f"PUB MESSAGE {spec.target} ".encode()
 
     async def connect(self) -> None:
-        client = await SMQPClient.connect(self.spec.host, self.spec.port)
+        client = await SMQPClient.connect(self.spec.host, self.spec.port,
+                                            tls_ca=self.spec.tls_ca)
         self._client = client
         await asyncio.wait_for(client.login(self.user, self.spec.password), REPLY_TIMEOUT)
         self._reader_task = asyncio.create_task(self._read_replies())
@@ -310,7 +313,8 @@ class SMQPSubscriber(Subscriber):
         self.acks_confirmed = 0
 
     async def connect(self) -> None:
-        client = await SMQPClient.connect(self.spec.host, self.spec.port)
+        client = await SMQPClient.connect(self.spec.host, self.spec.port,
+                                            tls_ca=self.spec.tls_ca)
         self._client = client
         await asyncio.wait_for(client.login(self.spec.subscriber_user, self.spec.password),
                                REPLY_TIMEOUT)

@@ -59,11 +59,12 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import re
 import struct
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,6 +81,7 @@ from .drivers import (
 from .isolated import (
     BACKENDS,
     BrokerEnv,
+    BrokerSetupError,
     RunningBroker,
     check_services,
     isolated_broker,
@@ -911,11 +913,25 @@ def smqp_stored_count(host: str, port: int, topic: str) -> int | None:
         return None
 
 
-def smqp_target(broker: RunningBroker) -> Target:
+def smqp_target(broker: RunningBroker, tls: tuple[int, str] | None = None) -> Target:
+    """The broker's plain listener, or with ``tls`` = (SMQPS port, CA file) its TLS one."""
+    port, ca = tls if tls else (broker.port, "")
+    # A topic's stored messages before a run: the TLS runs follow the plain ones on the same
+    # topics, and each run's check counts only what it stored.
+    before: dict[str, int] = {}
+
+    def prepare(spec: BrokerSpec) -> None:
+        before[spec.target] = smqp_stored_count(broker.host, broker.port, spec.target) or 0
+
+    def stored_count(spec: BrokerSpec) -> int | None:
+        stored = smqp_stored_count(broker.host, broker.port, spec.target)
+        return None if stored is None else stored - before.get(spec.target, 0)
+
     def spec(scenario: str) -> BrokerSpec:
-        return BrokerSpec(kind="smqp", host=broker.host, port=broker.port,
+        return BrokerSpec(kind="smqp", host=broker.host, port=port,
                           target=topic_for(scenario), password=PASSWORD,
-                          publisher_user_prefix=PUB_PREFIX, subscriber_user=SUB_USER)
+                          publisher_user_prefix=PUB_PREFIX, subscriber_user=SUB_USER,
+                          tls_ca=ca)
 
     def probe() -> CpuProbe:
         groups: dict[str, Callable[[], list[int]]] = {
@@ -926,12 +942,43 @@ def smqp_target(broker: RunningBroker) -> Target:
         return CpuProbe(groups)
 
     return Target(
-        label=f"smqp-{broker.backend}", broker="smqp", backend=broker.backend,
+        label=f"smqp-{broker.backend}{'-tls' if tls else ''}", broker="smqp",
+        backend=broker.backend,
         make_spec=spec, probe=probe,
-        stored_count=lambda s: smqp_stored_count(broker.host, broker.port, s.target),
+        prepare=prepare, stored_count=stored_count,
         server_pid=broker.pid,
         flush=pg_checkpoint if broker.backend == "postgres" else lambda: None,
     )
+
+
+@contextlib.contextmanager
+def test_certificate() -> Iterator[tuple[str, dict[str, str]]]:
+    """A CA and a localhost certificate made by trustme in a temporary directory: (the CA
+    file, the server's SMQP_TLS_* settings with a free SMQPS port)."""
+    import tempfile
+
+    import trustme
+
+    with tempfile.TemporaryDirectory(prefix="smqp-bench-tls-") as tmp:
+        ca = trustme.CA()
+        cert = ca.issue_cert("localhost", "127.0.0.1")
+        ca_file, cert_file, key_file = (f"{tmp}/ca.pem", f"{tmp}/cert.pem", f"{tmp}/key.pem")
+        ca.cert_pem.write_to_path(ca_file)
+        cert.cert_chain_pems[0].write_to_path(cert_file)
+        cert.private_key_pem.write_to_path(key_file)
+        yield ca_file, {"SMQP_TLS_CERT": cert_file, "SMQP_TLS_KEY": key_file,
+                        "SMQP_TLS_PORT": "0"}
+
+
+def smqps_port(broker: RunningBroker, timeout: float = 30) -> int:
+    """The SMQPS port the broker printed (its TLS listener starts right after the plain one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(r"SMQPS listening on [\d.]+:(\d+)", broker.log())
+        if match:
+            return int(match[1])
+        time.sleep(0.05)
+    raise BrokerSetupError(f"no SMQPS listener:\n{broker.log()}")
 
 
 # ======================================================================== RabbitMQ target
@@ -1107,6 +1154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(slows it down: take figures from a run without it)")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep the server logs in bench/results even without problems")
+    parser.add_argument("--tls", action="store_true",
+                        help="also run every scenario over SMQPS (TLS; a test certificate "
+                             "made by trustme) on the same broker, to compare with plain TCP")
     parser.add_argument("--no-json", action="store_true", help="do not write a results file")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting for the SMQP server under test, e.g. "
@@ -1164,14 +1214,24 @@ def main(args: argparse.Namespace) -> int:
         def setup(env: BrokerEnv, seeded: dict[str, int] = seeded) -> None:
             seeded.update(seed(env, args.publishers, args.ual_entries))
 
-        with isolated_broker(backend, setup=setup, log_dir=RESULTS_DIR,
-                             log_name=f"{stamp}-{NAME}-{backend}-server",
-                             extra_env=server_env) as broker:
+        with contextlib.ExitStack() as stack:
+            env = dict(server_env)
+            ca_file = ""
+            if args.tls:
+                ca_file, tls_env = stack.enter_context(test_certificate())
+                env.update(tls_env)
+            broker = stack.enter_context(isolated_broker(
+                backend, setup=setup, log_dir=RESULTS_DIR,
+                log_name=f"{stamp}-{NAME}-{backend}-server", extra_env=env))
             broker.keep_log = args.keep_logs
             print(f"[smqp-{backend}] runsmqp pid {broker.pid} on {broker.host}:{broker.port}",
                   flush=True)
             start = len(runs)
             run_all(smqp_target(broker))
+            if args.tls:
+                tls_port = smqps_port(broker)
+                print(f"[smqp-{backend}-tls] SMQPS on {broker.host}:{tls_port}", flush=True)
+                run_all(smqp_target(broker, (tls_port, ca_file)))
             alive = broker.alive()
             if not alive or any(r.get("error_count") for r in runs[start:]):
                 broker.keep_log = True

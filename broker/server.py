@@ -2,9 +2,11 @@
 connection, as Daphne does for HTTP.
 
 Each connection gets the scope ``{"type": "smqp", "client": [host, port], "server": [host,
-port]}``. The application receives ``smqp.connect``, ``smqp.receive`` (``bytes``),
-``smqp.shutdown`` (``grace``: seconds before the listener closes) and ``smqp.disconnect``;
-it sends ``smqp.send`` (``bytes``) and ``smqp.close``. Nothing here knows SMQP itself.
+port], "tls": None}``; on a TLS listener (SMQPS) ``tls`` is ``{"server_cert": <DER bytes>}``,
+the certificate the listener presents (for SCRAM's ``tls-server-end-point`` binding).
+The application receives ``smqp.connect``, ``smqp.receive`` (``bytes``), ``smqp.shutdown``
+(``grace``: seconds before the listener closes) and ``smqp.disconnect``; it sends
+``smqp.send`` (``bytes``) and ``smqp.close``. Nothing here knows SMQP itself.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,6 +26,43 @@ ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaita
 
 # Receive events buffered ahead of a busy application before reads pause (TCP backpressure).
 INBOX_SIZE = 8
+
+
+class TLSConfigError(Exception):
+    """The configured certificate or key cannot be used; the message says which and why."""
+
+
+def load_tls_certificate(cert: str, key: str) -> tuple[ssl.SSLContext, bytes]:
+    """A server TLS context (TLS 1.2 minimum) presenting ``cert`` (PEM, may hold the chain)
+    with ``key``, and the certificate's DER bytes. :class:`TLSConfigError` tells what is
+    wrong: a missing file, an unreadable one, or a key that does not match the certificate."""
+    for what, path in (("certificate", cert), ("key", key)):
+        if not path:
+            raise TLSConfigError(f"SMQPS: no TLS {what} file configured")
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise TLSConfigError(f"SMQPS: cannot read the TLS {what} {path!r}: "
+                                 f"{exc.strerror or exc}") from exc
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc.reason or exc):
+            raise TLSConfigError(f"SMQPS: the key {key!r} does not match the certificate "
+                                 f"{cert!r}") from exc
+        raise TLSConfigError(f"SMQPS: cannot load the certificate {cert!r} with the key "
+                             f"{key!r}: {exc.reason or exc}") from exc
+    with open(cert, encoding="ascii", errors="replace") as file:
+        pem = file.read()
+    end = pem.find("-----END CERTIFICATE-----")
+    start = pem.rfind("-----BEGIN CERTIFICATE-----", 0, end)
+    if start < 0 or end < 0:
+        raise TLSConfigError(f"SMQPS: no PEM certificate in {cert!r}")
+    der = ssl.PEM_cert_to_DER_cert(pem[start:end + len("-----END CERTIFICATE-----")])
+    return context, der
 
 
 class _Connection(asyncio.Protocol):
@@ -62,6 +102,7 @@ class _Connection(asyncio.Protocol):
             "asgi": {"version": "3.0", "spec_version": "1.0"},
             "client": [peer[0], peer[1]],
             "server": [local[0], local[1]],
+            "tls": self.server.tls,
         }
         self.server.connections.add(self)
         self._deliver({"type": "smqp.connect"})  # before anything the socket brings
@@ -77,7 +118,8 @@ class _Connection(asyncio.Protocol):
         # The peer has finished sending (maybe only a half-close). The transport stays open:
         # replies to what it sent are still written, then the application's end closes it.
         self._peer_gone()
-        return True
+        # TLS has no half-close: its transport closes whatever this returns (and warns).
+        return self.server.ssl_context is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -192,12 +234,21 @@ class _Connection(asyncio.Protocol):
 
 
 class SMQPServer:
-    """Serve ``application`` on ``host:port``."""
+    """Serve ``application`` on ``host:port``; over TLS when ``tls_cert`` (and ``tls_key``,
+    PEM files) are given."""
 
     def __init__(self, application: ASGIApp, host: str, port: int, *,
                  reuse_port: bool = False, backlog: int = 1024,
-                 disconnect_timeout: float = 10.0) -> None:
+                 disconnect_timeout: float = 10.0,
+                 tls_cert: str = "", tls_key: str = "") -> None:
         self.application = application
+        self.tls_cert = tls_cert
+        self.tls_key = tls_key or tls_cert
+        self.ssl_context: ssl.SSLContext | None = None
+        self.tls: dict | None = None  # the scope's "tls" entry
+        if tls_cert:
+            self.ssl_context, der = load_tls_certificate(self.tls_cert, self.tls_key)
+            self.tls = {"server_cert": der}
         self.host = host
         self.port = port
         self.reuse_port = reuse_port
@@ -210,9 +261,20 @@ class SMQPServer:
         """Bind and start accepting; returns the bound addresses (port 0 picks a free one)."""
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Connection(self), self.host, self.port, backlog=self.backlog,
-            reuse_port=self.reuse_port or None,
+            reuse_port=self.reuse_port or None, ssl=self.ssl_context,
         )
         return [s.getsockname()[:2] for s in self._server.sockets]
+
+    def reload_tls(self) -> None:
+        """Read the certificate and key files again (SIGHUP): new handshakes present the new
+        certificate, established connections keep theirs. Both are checked in a context of
+        their own first, so a bad pair raises :class:`TLSConfigError` and changes nothing."""
+        if self.ssl_context is None:
+            return
+        _, der = load_tls_certificate(self.tls_cert, self.tls_key)
+        # The listening socket keeps its context: the new pair is loaded into that one.
+        self.ssl_context.load_cert_chain(self.tls_cert, self.tls_key)
+        self.tls = {"server_cert": der}
 
     async def shutdown(self, grace: float) -> None:
         """Stop accepting, tell every connection (``smqp.shutdown``), wait up to ``grace``

@@ -63,6 +63,15 @@ ALLOWED_HOSTS = [
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
+# The admin and REST behind a TLS-terminating proxy (Daphne itself serves plain HTTP): the
+# proxy sets X-Forwarded-Proto, cookies go only over HTTPS, browsers are told to stay on it.
+DJANGO_BEHIND_TLS_PROXY = env_bool("DJANGO_BEHIND_TLS_PROXY", False)
+if DJANGO_BEHIND_TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000)
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", True)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -246,6 +255,21 @@ if SMQP_EVENT_LOOP not in ("uvloop", "asyncio"):
         f"SMQP_EVENT_LOOP must be 'uvloop' or 'asyncio', not {SMQP_EVENT_LOOP!r}")
 SMQP_PORT = env_int("SMQP_PORT", 720)
 SMQP_SERVER_CONTEXT = os.environ.get("SMQP_SERVER_CONTEXT") or socket.gethostname()
+# SMQPS (profile §9.4): a TLS listener on SMQP_TLS_PORT when a certificate and its key are
+# configured (PEM files; the certificate file may hold the chain). TLS 1.2 is the minimum.
+SMQP_TLS_PORT = env_int("SMQP_TLS_PORT", 7443)
+SMQP_TLS_CERT = os.environ.get("SMQP_TLS_CERT", "")
+SMQP_TLS_KEY = os.environ.get("SMQP_TLS_KEY", "") or SMQP_TLS_CERT
+SMQP_TLS = bool(SMQP_TLS_CERT)
+# The plain TCP listener (SMQP_PORT); SMQP_PLAIN=0 leaves only the TLS one.
+SMQP_PLAIN = env_bool("SMQP_PLAIN", True)
+# CLEAR logins on plain TCP: "yes", "no", or "loopback" (only from a loopback address). Once
+# TLS is configured the default is "loopback": passwords cross the network only encrypted.
+SMQP_CLEAR_ON_PLAIN = os.environ.get(
+    "SMQP_CLEAR_ON_PLAIN", "loopback" if SMQP_TLS else "yes").strip().lower()
+if SMQP_CLEAR_ON_PLAIN not in ("yes", "no", "loopback"):
+    raise ImproperlyConfigured(
+        f"SMQP_CLEAR_ON_PLAIN must be 'yes', 'no' or 'loopback', not {SMQP_CLEAR_ON_PLAIN!r}")
 SMQP_SERVER_IDENT = os.environ.get("SMQP_SERVER_IDENT", "Django SMQP Broker/0.1")
 # Message timeout for messages that name none and whose topics set none: one day.
 SMQP_DEFAULT_TIMEOUT = env_int("SMQP_DEFAULT_TIMEOUT", 86_400)

@@ -371,14 +371,22 @@ class SMQPConsumer(AsyncConsumer):
         if self.account is not None:
             self.reply(405, "Not allowed (already logged in)")
             return
-        if not auth_service.is_supported_method(cmd.method):
+        tls = self.scope.get("tls")
+        method = cmd.method.upper()
+        if not auth_service.is_supported_method(method, tls is not None):
             self.pending_login = None
             self.reply(405, "Not allowed (authentication method)")
             return
+        if method == "CLEAR" and not auth_service.clear_allowed(tls is not None,
+                                                                self.peer_host):
+            self.pending_login = None
+            self.reply(405, "Not allowed (CLEAR on plain TCP; use SMQPS or SCRAM-SHA-256)")
+            return
         # Profile §5: the same answer whether or not the account exists.
-        self.pending_login = (cmd.username, f"{cmd.method.upper()}/{cmd.version}")
-        if cmd.method.upper() == "SCRAM-SHA-256":
-            self.scram = auth_service.scram_server()
+        self.pending_login = (cmd.username, f"{method}/{cmd.version}")
+        if method in auth_service.SCRAM_METHODS:
+            self.scram = auth_service.scram_server(
+                tls["server_cert"] if tls else None, plus=method == "SCRAM-SHA-256-PLUS")
             self.reply(200, "OK", "+ ")
             self.codec.expect_raw_line()
             return
@@ -386,7 +394,7 @@ class SMQPConsumer(AsyncConsumer):
         self.reply(200, "OK")
 
     async def cmd_raw_line(self, cmd: c.RawLine) -> None:
-        """One client line of a SCRAM-SHA-256 exchange (base64). The server answers
+        """One client line of a SCRAM-SHA-256(-PLUS) exchange (base64). The server answers
         ``+ <base64 server-first>``; after the client-final it sends ``+ <base64
         server-final>`` followed at once by the login reply (or 401)."""
         exchange, self.scram = self.scram, None
@@ -424,6 +432,12 @@ class SMQPConsumer(AsyncConsumer):
     async def cmd_pass(self, cmd: c.Pass) -> None:
         if self.password_change_pending:
             self.password_change_pending = False
+            # The old and new passwords cross the wire as CLEAR's do, whatever the login
+            # method was (a SCRAM session too): the same rule applies.
+            if not auth_service.clear_allowed(self.scope.get("tls") is not None,
+                                              self.peer_host):
+                self.reply(405, "Not allowed (password in the clear on plain TCP; use SMQPS)")
+                return
             await self._call(account_service.change_password, self.account, cmd.user, cmd.secret)
             self.reply(200, "OK")
             return

@@ -8,7 +8,9 @@ past a second one the address is refused for a while.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import ipaddress
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -23,6 +25,9 @@ from accounts.models import Account, LoginSession
 from . import events
 
 SUPPORTED_METHODS = ("CLEAR", "SCRAM-SHA-256")
+# Offered on TLS only: the exchange is bound to the server's certificate (profile §9.4).
+TLS_METHODS = (*SUPPORTED_METHODS, "SCRAM-SHA-256-PLUS")
+SCRAM_METHODS = ("SCRAM-SHA-256", "SCRAM-SHA-256-PLUS")
 
 # A valid hash of a random password, checked when the account does not exist so that an
 # unknown account costs the same time as a wrong password (no enumeration by timing).
@@ -36,8 +41,26 @@ def _dummy_hash() -> str:
     return _DUMMY_HASH
 
 
-def is_supported_method(method: str) -> bool:
-    return method.upper() in SUPPORTED_METHODS
+def is_supported_method(method: str, tls: bool = False) -> bool:
+    return method.upper() in (TLS_METHODS if tls else SUPPORTED_METHODS)
+
+
+def clear_allowed(tls: bool, peer_host: str) -> bool:
+    """May a CLEAR login (a password in the clear) be made on this connection? Always on TLS;
+    on plain TCP as ``SMQP_CLEAR_ON_PLAIN`` says (profile §9.4): ``loopback`` allows only a
+    peer on this machine's loopback (127.0.0.0/8, ::1), where no network is crossed."""
+    if tls:
+        return True
+    policy = settings.SMQP_CLEAR_ON_PLAIN
+    if policy != "loopback":
+        return policy == "yes"
+    try:
+        address = ipaddress.ip_address(peer_host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack socket's ::ffff:127.0.0.1
+    return address.is_loopback
 
 
 def find_account(username: str) -> Account | None:
@@ -58,10 +81,18 @@ def check_clear_password(username: str, password: str) -> Account | None:
     return None
 
 
-def scram_server() -> scram.ScramServer:
+@functools.lru_cache(maxsize=4)
+def _end_point(server_cert: bytes) -> bytes:
+    return scram.tls_server_end_point(server_cert)
+
+
+def scram_server(server_cert: bytes | None = None, *, plus: bool = False) -> scram.ScramServer:
     """A SCRAM-SHA-256 exchange served from the stored PBKDF2-SHA256 hashes. Unknown accounts
     get stable fake credentials with the real iteration count and case folding, so the
-    exchange looks the same for them up to the final failure (no enumeration)."""
+    exchange looks the same for them up to the final failure (no enumeration).
+
+    On TLS ``server_cert`` is the certificate the connection presented (DER): the client may
+    bind to it (``tls-server-end-point``), and must with ``plus`` (SCRAM-SHA-256-PLUS)."""
 
     def lookup(username: str) -> scram.ScramCredentials | None:
         account = find_account(username)
@@ -73,6 +104,9 @@ def scram_server() -> scram.ScramServer:
         dummy_secret=dummy_secret,
         dummy_iterations=scram.django_default_iterations(),
         dummy_key=str.casefold,
+        channel_binding=(
+            (scram.TLS_SERVER_END_POINT, _end_point(server_cert)) if server_cert else None),
+        require_binding=plus,
     )
 
 

@@ -29,10 +29,15 @@ class Command(BaseCommand):
         )
         parser.add_argument("--smqp-host", default=settings.SMQP_HOST)
         parser.add_argument("--smqp-port", type=int, default=settings.SMQP_PORT)
+        parser.add_argument("--smqp-tls-port", type=int, default=settings.SMQP_TLS_PORT,
+                            help="SMQPS port, served when SMQP_TLS_CERT is set.")
         parser.add_argument("--no-celery", action="store_true", help="Start no Celery processes.")
 
     def handle(self, *args, **opts) -> None:
-        self._check_bind(opts["smqp_host"], opts["smqp_port"])
+        if settings.SMQP_PLAIN:
+            self._check_bind(opts["smqp_host"], opts["smqp_port"])
+        if settings.SMQP_TLS:
+            self._check_bind(opts["smqp_host"], opts["smqp_tls_port"])
         self._check_bind(opts["http_host"], opts["http_port"])
         python = sys.executable
         manage = [python, str(settings.BASE_DIR / "manage.py")]
@@ -44,6 +49,7 @@ class Command(BaseCommand):
             ],
             "smqp": [
                 *manage, "runsmqp", "--host", opts["smqp_host"], "--port", str(opts["smqp_port"]),
+                "--tls-port", str(opts["smqp_tls_port"]),
             ],
         }
         if not opts["no_celery"]:
@@ -62,17 +68,32 @@ class Command(BaseCommand):
             nonlocal stopping
             stopping = True
 
+        def reload_certificate(signum, frame) -> None:
+            # SIGHUP to the broker reaches the SMQP listener, which reads its TLS files again.
+            smqp = procs.get("smqp")
+            if smqp is not None and smqp.poll() is None:
+                smqp.send_signal(signal.SIGHUP)
+
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGHUP, reload_certificate)
         try:
             for name, argv in children.items():
                 # Own process group: the terminal's Ctrl-C reaches us, and we stop them in order.
                 procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True)
                 self.stdout.write(f"started {name} (pid {procs[name].pid})")
+            smqp = []
+            if settings.SMQP_PLAIN:
+                smqp.append(f"SMQP on {opts['smqp_host']}:{opts['smqp_port']}")
+            if settings.SMQP_TLS:
+                smqp.append(f"SMQPS on {opts['smqp_host']}:{opts['smqp_tls_port']}")
             self.stdout.write(
                 f"Broker running: admin at http://{opts['http_host']}:{opts['http_port']}/admin/,"
-                f" SMQP on {opts['smqp_host']}:{opts['smqp_port']}. Ctrl-C stops."
+                f" {', '.join(smqp)}. Ctrl-C stops."
             )
+            if not settings.SMQP_TLS:
+                self.stdout.write("SMQPS (TLS) is off: set SMQP_TLS_CERT and SMQP_TLS_KEY (PEM "
+                                  "files) to serve it on SMQP_TLS_PORT (7443).")
             sys.stdout.flush()
             while not stopping:
                 for name, proc in procs.items():
