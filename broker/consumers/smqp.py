@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import functools
 import logging
 import math
@@ -346,20 +345,7 @@ class SMQPConsumer(AsyncConsumer):
         if (not wanted or self.closing or self.suspended
                 or self._noticed_activity != self._last_activity):  # active meanwhile
             return
-        data = serialize_notify_server_timeout(seconds)
-        writer = self._notify_writer
-        if writer is not None and not writer.is_closing():
-            with contextlib.suppress(ConnectionError, OSError):
-                writer.write(data)
-                await writer.drain()
-            return
-        while self._long_reply.locked():
-            async with self._long_reply:
-                pass
-        if self._out:  # replies already due go first; never split one
-            data = bytes(self._out) + data
-            self._out.clear()
-        await self.send({"type": "smqp.send", "bytes": data, "close": False})
+        await self._notify(serialize_notify_server_timeout(seconds), activity=False)
 
     async def _close_for_timeout(self, reason: str) -> None:
         self._out += serialize_reply(408, [f"Request timeout ({reason}); closing"])
@@ -870,8 +856,9 @@ class SMQPConsumer(AsyncConsumer):
             self._notify_task.cancel()
             self._notify_task = None
 
-    async def _notify(self, data: bytes) -> None:
-        """Write a notification: to the SET NOTIFY PORT connection when there is one."""
+    async def _notify(self, data: bytes, *, activity: bool = True) -> None:
+        """Write a notification: to the SET NOTIFY PORT connection when there is one.
+        ``activity``: it restarts the idle clock (not a notice of that clock running out)."""
         writer = self._notify_writer
         if writer is None:
             while self._long_reply.locked():
@@ -880,9 +867,13 @@ class SMQPConsumer(AsyncConsumer):
             if self._out:  # replies already due go first; never split one
                 data = bytes(self._out) + data
                 self._out.clear()
-            await self._write(data)
+            if activity:
+                await self._write(data)
+            else:
+                await self.send({"type": "smqp.send", "bytes": data, "close": False})
             return
-        self._last_activity = self._loop.time()
+        if activity:
+            self._last_activity = self._loop.time()
         if writer.is_closing():  # gone: the retry timer sends the notification again
             self._close_notify_channel()
             return
