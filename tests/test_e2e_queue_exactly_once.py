@@ -152,6 +152,7 @@ def swept(log: str, task: str) -> int:
         rf"Task broker\.{task}\[[^\]]+\] succeeded in [\d.]+s: (\d+)", log))
 
 
+@pytest.mark.timeout(300)  # some 40 s each on an idle machine; room for a busy one
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_every_queue_message_is_consumed_exactly_once_across_processes(backend, tmp_path):
     extra = {"SMQP_REQUEUE_SWEEP_SECONDS": "1", "SMQP_BACKLOG_SWEEP_SECONDS": "2",

@@ -426,3 +426,14 @@ def test_an_unlocked_message_in_flight_is_retried_as_before():
     mailbox.sent(9, 10.0, 40, 5)
     assert not mailbox.lock_lost and mailbox.retry_due(9) == RETRY
     assert mailbox.offer(1, 9) is False and not mailbox._waiting
+
+
+def test_a_withdrawn_message_is_not_tried_unless_it_comes_back():
+    mailbox = Mailbox(PAGE)
+    for smuid in (9, 10, 11):
+        mailbox.offer(1, smuid)
+    mailbox.withdraw(10)  # moved to another account
+    mailbox.withdraw(11)
+    assert mailbox.offer(1, 11) is True  # moved back to this account: it goes after all
+    assert drain(mailbox) == [9, 11]
+    assert not mailbox._skip and not mailbox._withdrawn and not mailbox._queued

@@ -179,3 +179,17 @@ def test_a_locked_delivery_is_not_in_the_accounts_backlog(queue):
     assert [m for _, _, m in read_service.backlog_for([first.pk])] == [smuid]
     assert locks.lock(first.pk, "first01", smuid, RETRY, 2)
     assert read_service.backlog_for([first.pk]) == []
+
+
+def test_a_waiting_delivery_stays_while_its_account_is_consuming_the_topic(queue):
+    topic, (first, second, _), smuid = queue
+    busy = Message.objects.create(topic=topic, cmuid="c2", created=timezone.now())
+    Delivery.objects.create(account=first, message=busy)
+    assert locks.lock(first.pk, "first01", busy.pk, RETRY, 2)  # a session of it at work
+    later = timezone.now() + timedelta(seconds=RETRY - 1)
+    Delivery.objects.filter(message_id=smuid).update(next_attempt=later - timedelta(seconds=5))
+    assert sweeps.requeue_stale_queue_deliveries(later) == 0
+    assert delivery(smuid).account_id == first.pk
+    # Its lock past the deadline (its holder gone, say): no longer consuming.
+    assert sweeps.requeue_stale_queue_deliveries(later + timedelta(seconds=2)) == 1
+    assert delivery(smuid).account_id == second.pk

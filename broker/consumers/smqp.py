@@ -811,9 +811,11 @@ class SMQPConsumer(AsyncConsumer):
         if not mailbox.unlock(smuid):  # its deadline passed here: released already
             refusal = conflict("lock not held")
         else:
+            payload = mailbox.inflight_payload
+            receipt = payload is None or ack_service.may_want_receipt(payload[2])
             try:
                 await self.dispatcher.ack_locked(
-                    ack_service.AckRequest(self.account_id, smuid, mailbox.attempts),
+                    ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt),
                     self.session.guid, self)
             except ServiceError as exc:
                 if exc.code != 409:

@@ -191,6 +191,13 @@ class Dispatcher:
                     if session.mailbox.offer(priority, smuid):
                         session.kick()
 
+    def withdraw(self, items: Iterable[tuple[int, int]]) -> None:
+        """(account, smuid): queue-mode deliveries the store moved away from the account; its
+        sessions here do not try them (see :func:`broker.services.notify.deliveries_withdrawn`)."""
+        for account_id, smuid in items:
+            for session in self.sessions.get(account_id, ()):
+                session.mailbox.withdraw(smuid)
+
     def _acked_here(self, request: AckRequest) -> None:
         recent = self._recent_acks
         now = asyncio.get_running_loop().time()
@@ -585,6 +592,8 @@ class Dispatcher:
                 self._heard_from(origin, event.get("type", ""))
             if event.get("type") == "dispatch.wake" and origin != self.origin:
                 self.offer((p, s, a) for p, s, a in event["items"])
+            elif event.get("type") == "dispatch.withdraw":
+                self.withdraw(event["items"])
             if loop.time() - joined > 600:  # groups expire in Redis; stay a member
                 try:
                     await layer.group_add(DISPATCH_GROUP, channel)
@@ -689,7 +698,7 @@ class Dispatcher:
         longer holds the lock, and nothing changed. The account's other sessions here then
         no longer send it."""
         receipts = await dbthread.run(locks.ack_locked, request.account_id, session_guid,
-                                      request.smuid)
+                                      request.smuid, request.receipt)
         self._acked_here(request)
         self._forget_elsewhere(request, session)
         self.wake(receipts)

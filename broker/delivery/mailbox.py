@@ -43,14 +43,17 @@ class Mailbox:
     (the dispatcher's (topic path, Cmuid header, message)); the mailbox only keeps it."""
 
     __slots__ = ("_horizon", "_locks", "_max_retries", "_paged_in_pass", "_queued", "_skip",
-                 "_waiting", "attempts", "inflight", "inflight_locked", "inflight_payload",
-                 "page_size", "preparing", "retry_deadline")
+                 "_waiting", "_withdrawn", "attempts", "inflight", "inflight_locked",
+                 "inflight_payload", "page_size", "preparing", "retry_deadline")
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
         self._waiting: list[tuple[int, int]] = []  # heap of (priority, smuid)
         self._queued: set[int] = set()  # smuids in _waiting
         self._skip: set[int] = set()  # in _waiting, but ACKed by another session: not to send
+        # In _skip because the store moved it to another account (queue mode): if it comes
+        # back to this account (offered again), it goes after all.
+        self._withdrawn: set[int] = set()
         # Set while the store holds more waiting messages than are held here: the
         # (priority, smuid) of the last one held. Messages after it come with the next page.
         self._horizon: tuple[int, int] | None = None
@@ -72,8 +75,13 @@ class Mailbox:
     def offer(self, priority: int, smuid: int) -> bool:
         """A message for this session's account. True when it was queued and nothing is in
         flight: the door should start its pump (unless it runs already)."""
-        if (smuid in self._queued or smuid == self.preparing or smuid in self._skip
-                or (smuid == self.inflight and not self.lock_lost)):
+        if smuid in self._queued:
+            if smuid in self._withdrawn:  # moved away, and back to this account since
+                self._withdrawn.discard(smuid)
+                self._skip.discard(smuid)
+                return self.inflight is None
+            return False
+        if smuid == self.preparing or (smuid == self.inflight and not self.lock_lost):
             # (A lost message may come back to this account: queued for after its answer.)
             return False
         if self._horizon is None and len(self._waiting) >= self.page_size:
@@ -103,6 +111,13 @@ class Mailbox:
         on its way (preparing, in flight) still goes, and is ACKed here as well."""
         if smuid in self._queued:
             self._skip.add(smuid)
+
+    def withdraw(self, smuid: int) -> None:
+        """Queue mode: the store moved the message to another account: do not try to send it
+        here (its lock would fail), unless it is offered here again (it came back)."""
+        if smuid in self._queued:
+            self._skip.add(smuid)
+            self._withdrawn.add(smuid)
 
     @property
     def idle(self) -> bool:
@@ -135,6 +150,7 @@ class Mailbox:
             self._queued.discard(smuid)
             if smuid in self._skip:
                 self._skip.discard(smuid)
+                self._withdrawn.discard(smuid)
                 continue
             self.preparing = smuid
             return smuid

@@ -14,7 +14,9 @@ once the topic's max retries are spent, it is dead (Trash, for audit).
 Each verb is one short transaction of conditional UPDATEs that name the delivery row's own
 columns only, so that of two processes deciding about one delivery at once exactly one wins:
 the database checks those conditions again on the row version it updates (PostgreSQL does
-not for a condition it read through a join or a subquery on the row's table).
+not for a condition it read through a join or a subquery on the row's table). The two that
+run once per message, :func:`lock` and :func:`ack_locked`, are the store's statements
+(:mod:`broker.store.messages`) in a hot transaction, as an ACK batch is.
 
 Fan-out topics never take locks: their deliveries keep the ACK journal's path
 (:mod:`.ack`).
@@ -27,11 +29,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from broker.models import Delivery, Message, UsageEvent
+from accounts.models import Account
+from broker.models import Delivery, UsageEvent
 from broker.store import messages as stored
+from broker.store.rows import hot_transaction
 from topics import tree as topic_tree
 from ual.resolution import snapshot_for_id
 
@@ -51,38 +55,40 @@ def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
     send it. It may when the delivery is its account's turn and is not locked, or is locked
     to this session already (sent again), or its lock has expired; and when the message
     still waits and has attempts left (``max_retries``, of its topic: the caller's cached
-    policy, with ``retry_timeout``). Counts the attempt."""
+    policy, with ``retry_timeout``). Counts the attempt. Committed as an ACK is (without a
+    disk flush unless ``SMQP_ACK_DURABILITY=full``): a lock lost with the machine only
+    lets the message be sent again."""
     now = timezone.now()
-    unlocked = Q(state=Delivery.State.PENDING)
-    own_or_expired = Q(state=LOCKED) & (Q(holder=session_guid) | Q(next_attempt__lte=now))
-    waiting = Exists(Message.objects.filter(pk=OuterRef("message_id"),
-                                            state=Message.State.PENDING))
-    return bool(Delivery.objects.filter(
-        unlocked | own_or_expired, waiting, account_id=account_id, message_id=smuid,
-        attempts__lte=max_retries,
-    ).update(state=LOCKED, holder=session_guid, attempts=F("attempts") + 1,
-             last_attempt=now, next_attempt=now + timedelta(seconds=retry_timeout)))
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        won = stored.lock_delivery(account_id, session_guid, smuid, now,
+                                   now + timedelta(seconds=retry_timeout), max_retries)()
+    return bool(won)
 
 
-def ack_locked(account_id: int, session_guid: str, smuid: int) -> list[Published]:
+def ack_locked(account_id: int, session_guid: str, smuid: int,
+               receipt: bool = True) -> list[Published]:
     """The ACK of a queue message by the session holding its lock: the delivery is ACKED
     only while this session holds an unexpired lock on it, else 409 and nothing changes.
-    Then, as for any ACK, the message's timeout starts, the usage event is logged and a
-    receipt goes to its publisher if asked for. Returns the receipts, for the caller to
-    announce (the listener's dispatcher wakes them; elsewhere
-    :func:`.notify.messages_committed`)."""
+    Then, as for any ACK (:func:`.ack.ack_batch`, whose durability it shares), the
+    message's timeout starts, the usage event is logged and, unless ``receipt`` is False
+    (the message is known not to ask for one), a receipt goes to its publisher if asked
+    for. Returns the receipts, for the caller to announce (the listener's dispatcher wakes
+    them; elsewhere :func:`.notify.messages_committed`)."""
     now = timezone.now()
-    with transaction.atomic():
-        consumed = Delivery.objects.filter(
-            account_id=account_id, message_id=smuid, state=LOCKED, holder=session_guid,
-            next_attempt__gt=now,
-        ).update(state=Delivery.State.ACKED, holder="", acked=now)
-        if not consumed:
-            raise conflict("lock not held")
-        stored.finish_messages([smuid], now)
+    try:
         account = snapshot_for_id(account_id).account.username
-        stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "", {})], now)
-        return send_receipts([smuid], now)
+    except Account.DoesNotExist:  # deleted: its deliveries went with it
+        raise conflict("lock not held") from None
+    receipts: list[Published] | None = None
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        if stored.consume_lock(account_id, session_guid, smuid, now)():
+            stored.finish_messages([smuid], now)
+            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "", {})],
+                              now)
+            receipts = send_receipts([smuid], now) if receipt else []
+    if receipts is None:
+        raise conflict("lock not held")
+    return receipts
 
 
 def release(account_id: int, session_guid: str,

@@ -49,16 +49,21 @@ def requeue_stale_queue_deliveries(now: datetime | None = None, limit: int = 100
     """Queue mode: a message waiting, unlocked, for an account that has not taken it within
     its topic's retry timeout (counted from when it was assigned: its delivery's creation, or
     its last move) goes to the next subscribing account, so that it does not wait for an
-    account with no live session. No attempt is counted (nothing was sent), and a locked
-    delivery is never touched (its lock ends through :mod:`.locks`). This cannot deliver a
-    message twice: a session that still has it waiting can no longer lock it. Nobody
-    subscribing any more: the message waits unassigned, and its timeout starts. Returns how
-    many deliveries moved or were given up (``limit`` at most per topic)."""
+    account with no live session. Not while the account is consuming the topic (it took a
+    lock on one of its messages within the retry timeout): it is getting to them, in order,
+    and moving its backlog would only bounce it between accounts that are all busy, each
+    of whose sessions would then spend a round trip on every message it may no longer
+    lock. No attempt is counted (nothing was sent), and a locked delivery is never touched
+    (its lock ends through :mod:`.locks`). This cannot deliver a message twice: a session
+    that still has it waiting can no longer lock it. Nobody subscribing any more: the
+    message waits unassigned, and its timeout starts. Returns how many deliveries moved or
+    were given up (``limit`` at most per topic)."""
     now = now or timezone.now()
     tree = topic_tree.tree()
     queue_topics = [n for n in tree.by_id.values()
                     if n.delivery_mode == Topic.DeliveryMode.QUEUE and n.link_id is None]
     moved: list[Published] = []
+    withdrawn: list[tuple[int, int]] = []
     unassigned: list[int] = []
     released = 0
     for topic in queue_topics:
@@ -66,10 +71,14 @@ def requeue_stale_queue_deliveries(now: datetime | None = None, limit: int = 100
         retry = timedelta(seconds=int(params["retry_timeout"] or 30))
         turn_ended = Q(next_attempt__lte=now) | Q(next_attempt__isnull=True,
                                                    created__lte=now - retry)
-        stale = list(Delivery.objects.filter(
-            turn_ended, message__topic_id=topic.pk, message__state=Message.State.PENDING,
-            state=Delivery.State.PENDING,
-        ).values_list("pk", "account_id", "message_id", "message__priority")[:limit])
+        in_topic = Delivery.objects.filter(message__topic_id=topic.pk,
+                                           message__state=Message.State.PENDING)
+        # (ACKed deliveries keep when they were locked; their messages wait for their
+        # timeout, so these are the rows the stale ones are found among.)
+        consuming = in_topic.filter(last_attempt__gte=now - retry).values("account_id")
+        stale = list(in_topic.filter(turn_ended, state=Delivery.State.PENDING).exclude(
+            account_id__in=consuming).values_list(
+                "pk", "account_id", "message_id", "message__priority")[:limit])
         if not stale:
             continue
         targets = receivers(subscribers([topic], now)().get(topic.pk, ()), topic, now)
@@ -83,13 +92,18 @@ def requeue_stale_queue_deliveries(now: datetime | None = None, limit: int = 100
                 if target is None:
                     if same_turn.delete()[0]:
                         unassigned.append(smuid)
+                        withdrawn.append((account_id, smuid))
                 elif same_turn.update(account_id=target, next_attempt=now + retry):
                     moved.append(Published(smuid, topic.pk, topic.path,
                                            priority or NO_PRIORITY, [target]))
+                    if target != account_id:
+                        withdrawn.append((account_id, smuid))
             if unassigned:
                 finish_messages(unassigned, now)
                 released += len(unassigned)
                 unassigned = []
+    if withdrawn:
+        notify.deliveries_withdrawn(withdrawn)
     if moved:
         notify.messages_committed(moved)
     return len(moved) + released
