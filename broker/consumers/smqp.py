@@ -703,6 +703,8 @@ class SMQPConsumer(AsyncConsumer):
     async def _lock(self, smuid: int, policy: read.DeliveryPolicy) -> bool:
         """Queue mode: lock the message to this session before its NOTIFY (profile §9.6);
         False when it is not this session's to send."""
+        if self.session is None:  # ended meanwhile
+            return False
         self._took_locks = True
         if not await self.dispatcher.lock(self.account_id, self.session.guid, smuid, policy):
             return False
@@ -816,7 +818,7 @@ class SMQPConsumer(AsyncConsumer):
             try:
                 await self.dispatcher.ack_locked(
                     ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt),
-                    self.session.guid, self)
+                    self.session.guid if self.session else "", self)
             except ServiceError as exc:
                 if exc.code != 409:
                     raise
