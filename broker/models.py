@@ -146,11 +146,16 @@ class Subscription(models.Model):
 
 
 class Delivery(models.Model):
-    """The state of one message for one subscribing account (once-only per account)."""
+    """The state of one message for one subscribing account (once-only per account).
+
+    Queue mode (profile §9.6) keeps a message's one delivery row and moves it between
+    accounts: PENDING while it waits for ``account`` (unlocked), NOTIFIED while a session of
+    that account holds its lock (``holder``, until ``next_attempt``), then ACKED or DEAD.
+    Fan-out deliveries go from PENDING to ACKED or DEAD and never carry a lock."""
 
     class State(models.TextChoices):
         PENDING = "pending", "pending"
-        NOTIFIED = "notified", "notified, waiting for ACK"
+        NOTIFIED = "notified", "notified, locked to a session (queue mode)"
         ACKED = "acked", "acknowledged"
         DEAD = "dead", "dead (max retries)"
 
@@ -161,18 +166,32 @@ class Delivery(models.Model):
     )
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="deliveries")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    # Queue mode: locks taken (each NOTIFY under a lock counts one).
     attempts = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
+    # Queue mode: when the lock was last taken.
     last_attempt = models.DateTimeField(null=True, blank=True)
+    # Queue mode: when the current turn ends: the lock's deadline while NOTIFIED; for a
+    # waiting delivery that was moved, when it moves on again (never moved: created plus the
+    # topic's retry timeout).
     next_attempt = models.DateTimeField(null=True, blank=True)
     acked = models.DateTimeField(null=True, blank=True)
+    # Queue mode: the guid (LoginSession.guid) of the session holding the lock; blank when
+    # unlocked. A database default: the plain-row INSERTs of the hot paths leave it out.
+    holder = models.CharField(max_length=100, blank=True, default="", db_default="")
 
     class Meta:
         verbose_name_plural = "deliveries"
         constraints = [
             models.UniqueConstraint(fields=["account", "message"], name="delivery_once")
         ]
-        indexes = [models.Index(fields=["account", "state"])]
+        indexes = [
+            models.Index(fields=["account", "state"]),
+            # The lock deadline sweep. Only locked (queue-mode) rows are in it: a fan-out
+            # delivery is never NOTIFIED, and its INSERT and ACK add no index entry here.
+            models.Index(fields=["next_attempt"], name="delivery_lock_deadline",
+                         condition=models.Q(state="notified")),
+        ]
 
 
 class UsageEvent(AppendOnlyModel):

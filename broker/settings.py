@@ -231,6 +231,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "schedule": env_int("SMQP_EXPIRY_SWEEP_SECONDS", 5),
     },
     "purge-trash": {"task": "broker.purge_trash", "schedule": 3600},
+    # Queue mode: locks past their deadline (their holder's process gone), and messages
+    # waiting too long for one account.
+    "expire-queue-locks": {
+        "task": "broker.expire_queue_locks",
+        "schedule": env_int("SMQP_REQUEUE_SWEEP_SECONDS", 5),
+    },
     "requeue-queue-deliveries": {
         "task": "broker.requeue_queue_deliveries",
         "schedule": env_int("SMQP_REQUEUE_SWEEP_SECONDS", 5),

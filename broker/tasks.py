@@ -10,7 +10,7 @@ from collections.abc import Callable
 from celery import shared_task
 from django.conf import settings
 
-from broker.services import sweeps
+from broker.services import locks, sweeps
 from broker.services import topics as topic_service
 
 
@@ -55,8 +55,15 @@ def purge_trash() -> int:
         lambda: sweeps.purge_trash(settings.SMQP_TRASH_RETENTION, limit=size), size)
 
 
+@shared_task(name="broker.expire_queue_locks")
+def expire_queue_locks() -> int:
+    """Queue mode: locks past their deadline end; their messages go to the next subscriber,
+    or to Trash once their retries are spent."""
+    return _until_done(locks.expire_locks, 1000)
+
+
 @shared_task(name="broker.requeue_queue_deliveries")
 def requeue_queue_deliveries() -> int:
-    """Queue mode: move messages not ACKed in time to the next subscriber, or to Trash."""
-    # A delivery moved or declared dead is not stale again in this run: this ends.
+    """Queue mode: messages waiting too long for one account go to the next subscriber."""
+    # A delivery moved is not stale again in this run: this ends.
     return _until_done(sweeps.requeue_stale_queue_deliveries, None)

@@ -276,11 +276,11 @@ def test_queue_mode_moves_unacked_messages_on_then_to_trash():
     from django.utils import timezone
 
     from broker.models import Delivery, Message, Subscription
+    from broker.services import locks, sweeps
     from broker.services import publish as publish_service
-    from broker.services import sweeps
     from broker.smqp.message import DataSection
     from broker.smqp.message import Message as Wire
-    from broker.tasks import requeue_queue_deliveries
+    from broker.tasks import expire_queue_locks, requeue_queue_deliveries
 
     root = make_account("root", is_superuser=True)
     bob, alice = make_account("bob"), make_account("alice")
@@ -294,15 +294,24 @@ def test_queue_mode_moves_unacked_messages_on_then_to_trash():
         message=Wire([], [DataSection([("Content-Type", "text/plain")], b"job")]))])
     assert len(published.accounts) == 1  # exactly one subscriber holds it
     first = published.accounts[0]
-    assert requeue_queue_deliveries() == 0  # not stale yet
+    other = alice.pk if first == bob.pk else bob.pk
+    assert requeue_queue_deliveries() == 0 and expire_queue_locks() == 0  # not stale yet
     later = timezone.now() + timedelta(seconds=11)
+    # Waiting, never sent, past the retry timeout: the other account's turn; no attempt.
     assert sweeps.requeue_stale_queue_deliveries(later) == 1
+    waiting = Delivery.objects.get(message_id=published.smuid)
+    assert waiting.account_id == other and waiting.attempts == 0
+    # Each lock (a NOTIFY) counts an attempt; one that ends without an ACK moves it on.
+    assert locks.lock(other, "s1", published.smuid, 10, 2)
+    assert locks.expire_locks(later + timedelta(seconds=11)) == 1
     holder = Delivery.objects.get(message_id=published.smuid)
-    assert holder.account_id != first and holder.attempts == 1
-    assert sweeps.requeue_stale_queue_deliveries(later + timedelta(seconds=11)) == 1
-    assert Delivery.objects.get(message_id=published.smuid).account_id == first
+    assert holder.account_id == first and holder.attempts == 1
+    assert locks.lock(first, "s2", published.smuid, 10, 2)
+    assert locks.expire_locks(later + timedelta(seconds=22)) == 1
+    assert Delivery.objects.get(message_id=published.smuid).account_id == other
+    assert locks.lock(other, "s3", published.smuid, 10, 2)
     # The third time round, max retries (2) are spent: dead, and the message goes to Trash.
-    assert sweeps.requeue_stale_queue_deliveries(later + timedelta(seconds=22)) == 1
+    assert locks.expire_locks(later + timedelta(seconds=33)) == 1
     assert Delivery.objects.get(message_id=published.smuid).state == "dead"
     assert Message.objects.get(pk=published.smuid).state == "trash"
 

@@ -4,7 +4,7 @@ test_e2e_messages and test_e2e_backlog."""
 
 from __future__ import annotations
 
-from broker.delivery.mailbox import GIVE_UP, NEED_PAGE, RETRY, Mailbox
+from broker.delivery.mailbox import GIVE_UP, LOCK_ENDED, NEED_PAGE, RETRY, Mailbox
 
 PAGE = 4
 
@@ -387,3 +387,53 @@ def test_locks_are_apart_from_what_is_in_flight():
     assert mailbox.locks_held == {9}  # the door unlocks it once the store consumed it
     mailbox.unlock(9)
     assert mailbox.locks_held == frozenset()
+
+
+def test_a_locked_message_past_its_deadline_ends_its_lock_instead_of_going_again():
+    mailbox = Mailbox(PAGE)
+    mailbox.offer(1, 9)
+    smuid = mailbox.take_next()
+    mailbox.lock(smuid, 50.0)
+    mailbox.send(smuid, "p9", locked=True)
+    mailbox.attempt()
+    mailbox.sent(9, 10.0, 40, 5)
+    assert mailbox.retry_due(9) == LOCK_ENDED and not mailbox.lock_lost
+    mailbox.unlock(9)  # released in the store
+    assert mailbox.lock_lost and mailbox.retry_due(9) is None
+    # Nothing else goes until the client answers the lost one.
+    mailbox.offer(1, 10)
+    assert not mailbox.ready and mailbox.inflight == 9
+
+
+def test_a_lost_message_offered_again_waits_for_after_the_answer():
+    mailbox = Mailbox(PAGE)
+    mailbox.offer(1, 9)
+    mailbox.lock(9, 50.0)
+    mailbox.send(mailbox.take_next(), "p9", locked=True)
+    assert mailbox.offer(1, 9) is False and not mailbox.ready  # held: not queued twice
+    mailbox.unlock(9)
+    assert mailbox.offer(1, 9) is False  # its lock ended, it came back to the account
+    mailbox.acked()  # the client's answer (409)
+    assert not mailbox.inflight_locked
+    assert mailbox.take_next() == 9
+
+
+def test_an_unlocked_message_in_flight_is_retried_as_before():
+    mailbox = Mailbox(PAGE)
+    mailbox.offer(1, 9)
+    mailbox.send(mailbox.take_next(), "p9")
+    mailbox.attempt()
+    mailbox.sent(9, 10.0, 40, 5)
+    assert not mailbox.lock_lost and mailbox.retry_due(9) == RETRY
+    assert mailbox.offer(1, 9) is False and not mailbox._waiting
+
+
+def test_a_withdrawn_message_is_not_tried_unless_it_comes_back():
+    mailbox = Mailbox(PAGE)
+    for smuid in (9, 10, 11):
+        mailbox.offer(1, smuid)
+    mailbox.withdraw(10)  # moved to another account
+    mailbox.withdraw(11)
+    assert mailbox.offer(1, 11) is True  # moved back to this account: it goes after all
+    assert drain(mailbox) == [9, 11]
+    assert not mailbox._skip and not mailbox._withdrawn and not mailbox._queued

@@ -11,6 +11,7 @@ import pytest
 
 from broker.consumers.smqp import SMQPConsumer
 from broker.services.ack import AckRequest
+from broker.services.read import DeliveryPolicy
 from broker.smqp.message import DataSection, Message
 
 ACCOUNT = 42
@@ -46,8 +47,8 @@ class GatedDispatcher:
         self.checking.clear()
         return self.allowed
 
-    async def retry_policy(self, topic_path: str) -> tuple[int, int]:
-        return 60, 3
+    async def retry_policy(self, topic_path: str) -> DeliveryPolicy:
+        return DeliveryPolicy(60, 3, queue=False)
 
     async def ack(self, request: AckRequest, session=None) -> None:
         self.acks.append(request.smuid)

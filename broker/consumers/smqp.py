@@ -26,8 +26,16 @@ from django.utils import timezone
 
 from accounts.models import Account, LoginSession
 from accounts.scram import ScramError, ScramServer
-from broker.delivery import GIVE_UP, NEED_PAGE, RETRY, Dispatcher, Mailbox, get_dispatcher
-from broker.services import ServiceError, freshness, notify, publish, read
+from broker.delivery import (
+    GIVE_UP,
+    LOCK_ENDED,
+    NEED_PAGE,
+    RETRY,
+    Dispatcher,
+    Mailbox,
+    get_dispatcher,
+)
+from broker.services import ServiceError, conflict, freshness, notify, publish, read
 from broker.services import accounts as account_service
 from broker.services import ack as ack_service
 from broker.services import auth as auth_service
@@ -143,6 +151,10 @@ class SMQPConsumer(AsyncConsumer):
         self.dispatcher: Dispatcher | None = None
         self.mailbox = Mailbox(settings.SMQP_BACKLOG_PAGE)
         self._retry: asyncio.TimerHandle | None = None
+        # Queue mode: set once the session asked for a lock (its locks end with it), and the
+        # task releasing a lock whose deadline passed.
+        self._took_locks = False
+        self._unlocking: asyncio.Task | None = None
         self._pump_task: asyncio.Task | None = None
         self._pumping = False  # _pump() runs (in its task, or inline after a 310 ACK)
         # Publishes handed to the dispatcher whose replies are still to be written, in order,
@@ -219,8 +231,19 @@ class SMQPConsumer(AsyncConsumer):
                 notify.account_group(self.account.pk), self.channel_name)
         if self.session is not None:
             session, self.session = self.session, None
+            if self._took_locks:
+                await self._release_locks(session.guid)
             await dbthread.run(auth_service.end_session, session)
         raise StopConsumer()
+
+    async def _release_locks(self, guid: str) -> None:
+        """The session ends: its queue-mode locks end now, and their messages go to the next
+        subscriber. Best effort: the deadline sweep ends what this misses (a killed
+        process)."""
+        try:
+            await self.dispatcher.release(self.account_id, guid)
+        except Exception:
+            logger.exception("releasing the locks of %s failed", guid)
 
     # ------------------------------------------------------------------------------ plumbing
 
@@ -728,28 +751,46 @@ class SMQPConsumer(AsyncConsumer):
                         self.account_id, smuid, payload[0]):
                     mailbox.done_preparing()
                     continue
+                policy = await dispatcher.retry_policy(payload[0])
+                if policy.queue and not await self._lock(smuid, policy):
+                    mailbox.done_preparing()
+                    continue
             except BaseException:
                 mailbox.done_preparing()
                 raise
-            mailbox.send(smuid, payload)
-            await self._send_notify()
+            mailbox.send(smuid, payload, locked=policy.queue)
+            await self._send_notify(policy)
 
-    async def _send_notify(self) -> None:
+    async def _lock(self, smuid: int, policy: read.DeliveryPolicy) -> bool:
+        """Queue mode: lock the message to this session before its NOTIFY (profile §9.6);
+        False when it is not this session's to send."""
+        if self.session is None:  # ended meanwhile
+            return False
+        self._took_locks = True
+        if not await self.dispatcher.lock(self.account_id, self.session.guid, smuid, policy):
+            return False
+        self.mailbox.lock(smuid, self._loop.time() + policy.retry_timeout)
+        return True
+
+    async def _send_notify(self, policy: read.DeliveryPolicy | None = None) -> None:
         attempt = self.mailbox.attempt()
         if attempt is None:  # ACKed since this (re)send was decided
             return
         smuid, (topic, cmuid, msg) = attempt
         await self._notify(
             serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg))
-        retry_timeout, max_retries = await self.dispatcher.retry_policy(topic)
-        deadline = self.mailbox.sent(smuid, self._loop.time(), retry_timeout, max_retries)
+        if policy is None:
+            policy = await self.dispatcher.retry_policy(topic)
+        deadline = self.mailbox.sent(smuid, self._loop.time(), policy.retry_timeout,
+                                     policy.max_retries)
         if deadline is not None:
             if self._retry is not None:
                 self._retry.cancel()
             self._retry = self._loop.call_at(deadline, self._retry_due, smuid)
 
     def _retry_due(self, smuid: int) -> None:
-        """No 310 ACK by the retry deadline: send again, or give up."""
+        """No 310 ACK by the retry deadline: send again, or give up; in queue mode the lock
+        ends instead."""
         if self.closing:
             return
         verdict = self.mailbox.retry_due(smuid)
@@ -757,6 +798,23 @@ class SMQPConsumer(AsyncConsumer):
             self._pump_task = asyncio.ensure_future(self._give_up(smuid))
         elif verdict is RETRY:
             self._pump_task = asyncio.ensure_future(self._send_notify())
+        elif verdict is LOCK_ENDED:
+            self._unlocking = asyncio.ensure_future(self._lock_ended(smuid))
+
+    async def _lock_ended(self, smuid: int) -> None:
+        """Queue mode: the lock of the message in flight reached its deadline without a
+        310 ACK. It ends (the message goes to the next subscriber), and nothing more is sent
+        here until the client answers it: that answer is refused (409)."""
+        if self.mailbox.unlock(smuid):
+            await self._release_lock(smuid)
+
+    async def _release_lock(self, smuid: int) -> None:
+        if self.session is None:  # the session ended: every lock was released with it
+            return
+        try:
+            await self.dispatcher.release(self.account_id, self.session.guid, [smuid])
+        except Exception:  # the deadline sweep ends it
+            logger.exception("releasing the lock on %s failed for %s", smuid, self.peer)
 
     async def _give_up(self, smuid: int) -> None:
         await self.dispatcher.dead(self.account_id, smuid)
@@ -764,10 +822,18 @@ class SMQPConsumer(AsyncConsumer):
         await self._pump()
 
     async def cmd_ack(self, cmd: c.Ack) -> None:
-        if not await self._record_ack():
-            self.reply(400, "Bad request (no message is waiting for 310 ACK)")
-            return
-        self.reply(310, "ACK")
+        try:
+            recorded = await self._record_ack()
+        except ServiceError as exc:
+            if exc.code != 409:
+                raise
+            # Queue mode, the lock lost: refused, and the next message goes all the same.
+            self.reply(exc.code, exc.text)
+        else:
+            if not recorded:
+                self.reply(400, "Bad request (no message is waiting for 310 ACK)")
+                return
+            self.reply(310, "ACK")
         if not self._pump_busy:
             # The next NOTIFY leaves in the same write as this 310 ACK (one packet, one
             # wake-up of the client instead of two), sent from here rather than from a task
@@ -788,12 +854,42 @@ class SMQPConsumer(AsyncConsumer):
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        if mailbox.inflight_locked:
+            await self._ack_locked(smuid)
+            return True
         payload = mailbox.inflight_payload
         receipt = payload is None or ack_service.may_want_receipt(payload[2])
         await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,
                                                          mailbox.attempts, receipt), self)
         mailbox.acked()
         return True
+
+    async def _ack_locked(self, smuid: int) -> None:
+        """Queue mode: the client's 310 ACK of the message in flight consumes it only while
+        this session holds its lock, as the store decides (another process may have ended
+        it); otherwise ServiceError 409, and nothing is consumed. Either way the lock ends
+        here and nothing is in flight afterwards (unless the store could not be asked)."""
+        mailbox = self.mailbox
+        refusal: ServiceError | None = None
+        if not mailbox.unlock(smuid):  # its deadline passed here: released already
+            refusal = conflict("lock not held")
+        else:
+            payload = mailbox.inflight_payload
+            receipt = payload is None or ack_service.may_want_receipt(payload[2])
+            try:
+                await self.dispatcher.ack_locked(
+                    ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt),
+                    self.session.guid if self.session else "", self)
+            except ServiceError as exc:
+                if exc.code != 409:
+                    raise
+                refusal = exc
+                # Its deadline passed in the store before here (or a sweep ended it): the
+                # lock ends now rather than at the next sweep.
+                await self._release_lock(smuid)
+        mailbox.acked()
+        if refusal is not None:
+            raise refusal
 
     # ------------------------------------------------------------------ SET NOTIFY PORT
 
@@ -829,6 +925,8 @@ class SMQPConsumer(AsyncConsumer):
                         recorded = await self._record_ack()
                     except ServiceError as exc:
                         writer.write(f"{exc.code} {exc.text}\r\n".encode())
+                        if exc.code == 409:  # queue mode, the lock lost: the next one goes
+                            self.kick()
                     else:
                         if recorded:
                             writer.write(b"310 ACK\r\n")

@@ -4,7 +4,8 @@
   in the store's storage processes), and wake-ups: committed messages offered to the
   subscriber sessions of this process directly and of other processes through Redis.
 - :mod:`.mailbox`: what one subscriber session has waiting, in flight, to retry and locked
-  (pure: the door drives it and does the I/O).
+  (pure: the door drives it and does the I/O; the locks themselves are the store's,
+  :mod:`broker.services.locks`).
 - :mod:`.linger`: when a publish batch goes (pure).
 
 Doors import from here; the services never do (they announce commits through
@@ -12,7 +13,7 @@ Doors import from here; the services never do (they announce commits through
 """
 
 from .dispatcher import Dispatcher, get_dispatcher, recover_journals, shutdown
-from .mailbox import GIVE_UP, NEED_PAGE, RETRY, Mailbox
+from .mailbox import GIVE_UP, LOCK_ENDED, NEED_PAGE, RETRY, Mailbox
 
-__all__ = ["GIVE_UP", "NEED_PAGE", "RETRY", "Dispatcher", "Mailbox", "get_dispatcher",
-           "recover_journals", "shutdown"]
+__all__ = ["GIVE_UP", "LOCK_ENDED", "NEED_PAGE", "RETRY", "Dispatcher", "Mailbox",
+           "get_dispatcher", "recover_journals", "shutdown"]

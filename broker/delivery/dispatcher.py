@@ -12,6 +12,10 @@ through the Channels layer: one wake-up per topic per batch on the group ``smqp-
 ACKs are recorded in the listener's ACK journal (:mod:`broker.store.journal`) before ``310 ACK``
 goes out, and reach the database in the ACK batches behind it (``SMQP_ACK_JOURNAL=0``: the
 ``310 ACK`` waits for the batch's commit instead).
+
+Queue-mode topics (profile §9.6) take another path: a message is locked to the session
+before its NOTIFY, and its ACK is decided against that lock in the database at once
+(:mod:`broker.services.locks`), not journaled.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from broker.domain.message import DataSection, Message
-from broker.services import ServiceError, notify, read, storage_calls
+from broker.services import ServiceError, locks, notify, read, storage_calls
 from broker.services.ack import AckRequest, ack_batch, mark_dead
 from broker.services.notify import DISPATCH_GROUP
 from broker.services.publish import Published, PublishRequest
+from broker.services.read import DeliveryPolicy
 from broker.store import dbthread, journal
 from broker.store.lanes import Storage, StorageLost
 
@@ -141,7 +146,7 @@ class Dispatcher:
         self._ack_hurry = asyncio.Event()  # set: end the ACK gathering pause now
         self._cache: OrderedDict[int, bytes] = OrderedDict()
         self._cache_bytes = 0
-        self._policies: dict[str, tuple[float, tuple[int, int]]] = {}
+        self._policies: dict[str, tuple[float, DeliveryPolicy]] = {}
         self._grants: dict[tuple[int, str], float] = {}
         self._outgoing: defaultdict[int, list[list]] = defaultdict(list)
         self._sender: asyncio.Task | None = None
@@ -185,6 +190,13 @@ class Dispatcher:
                 for session in tuple(self.sessions.get(account_id, ())):
                     if session.mailbox.offer(priority, smuid):
                         session.kick()
+
+    def withdraw(self, items: Iterable[tuple[int, int]]) -> None:
+        """(account, smuid): queue-mode deliveries the store moved away from the account; its
+        sessions here do not try them (see :func:`broker.services.notify.deliveries_withdrawn`)."""
+        for account_id, smuid in items:
+            for session in self.sessions.get(account_id, ()):
+                session.mailbox.withdraw(smuid)
 
     def _acked_here(self, request: AckRequest) -> None:
         recent = self._recent_acks
@@ -580,6 +592,8 @@ class Dispatcher:
                 self._heard_from(origin, event.get("type", ""))
             if event.get("type") == "dispatch.wake" and origin != self.origin:
                 self.offer((p, s, a) for p, s, a in event["items"])
+            elif event.get("type") == "dispatch.withdraw":
+                self.withdraw(event["items"])
             if loop.time() - joined > 600:  # groups expire in Redis; stay a member
                 try:
                     await layer.group_add(DISPATCH_GROUP, channel)
@@ -635,8 +649,9 @@ class Dispatcher:
         loaded = await dbthread.run(read.load_for_delivery, [smuid])
         return loaded.get(smuid)
 
-    async def retry_policy(self, topic_path: str) -> tuple[int, int]:
-        """(retry timeout seconds, max retries) of a topic, cached for a few seconds."""
+    async def retry_policy(self, topic_path: str) -> DeliveryPolicy:
+        """(retry timeout seconds, max retries, queue mode) of a topic, cached for a few
+        seconds."""
         loop = asyncio.get_running_loop()
         cached = self._policies.get(topic_path)
         if cached is not None and cached[0] > loop.time():
@@ -665,6 +680,34 @@ class Dispatcher:
     async def dead(self, account_id: int, smuid: int) -> None:
         """The account's maximum retries are spent for this message."""
         await dbthread.run(mark_dead, [(account_id, smuid)])
+
+    # ------------------------------------------------------------------ queue-mode locks
+
+    async def lock(self, account_id: int, session_guid: str, smuid: int,
+                   policy: DeliveryPolicy) -> bool:
+        """Queue mode: lock the message to the session before its NOTIFY; False when the
+        session may not send it (another account's turn now, locked by another session,
+        retries spent, gone)."""
+        return await dbthread.run(locks.lock, account_id, session_guid, smuid,
+                                  policy.retry_timeout, policy.max_retries)
+
+    async def ack_locked(self, request: AckRequest, session_guid: str,
+                         session: Session | None = None) -> None:
+        """Queue mode: the ACK of the lock's holder, decided in the database at once (no
+        journal: it must be weighed against the lock); ServiceError 409 when the session no
+        longer holds the lock, and nothing changed. The account's other sessions here then
+        no longer send it."""
+        receipts = await dbthread.run(locks.ack_locked, request.account_id, session_guid,
+                                      request.smuid, request.receipt)
+        self._acked_here(request)
+        self._forget_elsewhere(request, session)
+        self.wake(receipts)
+
+    async def release(self, account_id: int, session_guid: str,
+                      smuids: list[int] | None = None) -> None:
+        """Queue mode: the session's locks (all, or those on ``smuids``) end now; their
+        messages are offered to the next subscriber, here and in every process."""
+        self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids))
 
     def close(self) -> None:
         if self._linger_timer is not None:

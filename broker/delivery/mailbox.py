@@ -9,6 +9,13 @@ tested without a socket, a database or a loop.
 One message at a time is in flight (sent, its ACK awaited); the others wait in a heap ordered
 by (priority, smuid): lower priority first, then FIFO, since smuids grow in commit order.
 
+Queue mode (profile §9.6): the door locks a message in the store before it sends it, and
+keeps the lock here (:meth:`Mailbox.lock`). At the lock's deadline the message is not sent
+again to this session: the lock ends and the message goes to the next subscriber. The
+in-flight slot stays taken (the *lost* message) until the client answers it: with SMQP's
+``310 ACK``, which names no message, a NOTIFY sent meanwhile would make that answer
+ambiguous.
+
 The waiting heap holds one page of the store's backlog at most. Once more is waiting for the
 account than that (a subscriber slower than its publishers, or a long backlog), the
 (priority, smuid) of the last one held is the *horizon*: offers beyond it are not kept (they
@@ -26,6 +33,9 @@ NEED_PAGE: Final = "need page"
 # retry_due(): send the message in flight again / stop trying (its retries are spent).
 RETRY: Final = "retry"
 GIVE_UP: Final = "give up"
+# retry_due(), queue mode: the lock of the message in flight ended at its deadline (the door
+# releases it in the store); the in-flight slot stays taken until the client's answer.
+LOCK_ENDED: Final = "lock ended"
 
 
 class Mailbox:
@@ -33,14 +43,17 @@ class Mailbox:
     (the dispatcher's (topic path, Cmuid header, message)); the mailbox only keeps it."""
 
     __slots__ = ("_horizon", "_locks", "_max_retries", "_paged_in_pass", "_queued", "_skip",
-                 "_waiting", "attempts", "inflight", "inflight_payload", "page_size",
-                 "preparing", "retry_deadline")
+                 "_waiting", "_withdrawn", "attempts", "inflight", "inflight_locked",
+                 "inflight_payload", "page_size", "preparing", "retry_deadline")
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
         self._waiting: list[tuple[int, int]] = []  # heap of (priority, smuid)
         self._queued: set[int] = set()  # smuids in _waiting
         self._skip: set[int] = set()  # in _waiting, but ACKed by another session: not to send
+        # In _skip because the store moved it to another account (queue mode): if it comes
+        # back to this account (offered again), it goes after all.
+        self._withdrawn: set[int] = set()
         # Set while the store holds more waiting messages than are held here: the
         # (priority, smuid) of the last one held. Messages after it come with the next page.
         self._horizon: tuple[int, int] | None = None
@@ -48,6 +61,7 @@ class Mailbox:
         self._paged_in_pass = False
         self.inflight: int | None = None  # sent, its ACK awaited
         self.inflight_payload: Any = None
+        self.inflight_locked = False  # the message in flight went under a queue-mode lock
         # Taken from the heap, being loaded and checked by the door: not in flight yet, but
         # the same message offered meanwhile is not queued again (it would go twice).
         self.preparing: int | None = None
@@ -61,8 +75,14 @@ class Mailbox:
     def offer(self, priority: int, smuid: int) -> bool:
         """A message for this session's account. True when it was queued and nothing is in
         flight: the door should start its pump (unless it runs already)."""
-        if (smuid in self._queued or smuid == self.inflight or smuid == self.preparing
-                or smuid in self._skip):
+        if smuid in self._queued:
+            if smuid in self._withdrawn:  # moved away, and back to this account since
+                self._withdrawn.discard(smuid)
+                self._skip.discard(smuid)
+                return self.inflight is None
+            return False
+        if smuid == self.preparing or (smuid == self.inflight and not self.lock_lost):
+            # (A lost message may come back to this account: queued for after its answer.)
             return False
         if self._horizon is None and len(self._waiting) >= self.page_size:
             # A subscriber slower than its publishers: hold a page in memory, no more. The
@@ -91,6 +111,13 @@ class Mailbox:
         on its way (preparing, in flight) still goes, and is ACKed here as well."""
         if smuid in self._queued:
             self._skip.add(smuid)
+
+    def withdraw(self, smuid: int) -> None:
+        """Queue mode: the store moved the message to another account: do not try to send it
+        here (its lock would fail), unless it is offered here again (it came back)."""
+        if smuid in self._queued:
+            self._skip.add(smuid)
+            self._withdrawn.add(smuid)
 
     @property
     def idle(self) -> bool:
@@ -123,6 +150,7 @@ class Mailbox:
             self._queued.discard(smuid)
             if smuid in self._skip:
                 self._skip.discard(smuid)
+                self._withdrawn.discard(smuid)
                 continue
             self.preparing = smuid
             return smuid
@@ -138,10 +166,12 @@ class Mailbox:
         """The message taken does not go (gone, no longer deliverable, or its load failed)."""
         self.preparing = None
 
-    def send(self, smuid: int, payload: Any) -> None:
-        """The message taken goes: in flight from now, no attempt made yet."""
+    def send(self, smuid: int, payload: Any, *, locked: bool = False) -> None:
+        """The message taken goes: in flight from now, no attempt made yet. ``locked``: in
+        queue mode, under the lock the door took (:meth:`lock`)."""
         self.preparing = None
         self.inflight, self.inflight_payload, self.attempts = smuid, payload, 0
+        self.inflight_locked = locked
         self.retry_deadline = None
         self._paged_in_pass = False
 
@@ -166,21 +196,33 @@ class Mailbox:
 
     def retry_due(self, smuid: int) -> str | None:
         """``smuid``'s retry deadline has passed (the door's timer for it went off): :data:`RETRY`
-        (send it again), :data:`GIVE_UP` (its retries are spent), or None when it is no longer
-        in flight. Times are not compared: the door's timer is the clock (an event loop may
-        run a timer a clock tick before its time)."""
+        (send it again), :data:`GIVE_UP` (its retries are spent), :data:`LOCK_ENDED` (queue
+        mode: release its lock, :meth:`unlock`), or None when it is no longer in flight (or
+        its lock ended already). Times are not compared: the door's timer is the clock (an
+        event loop may run a timer a clock tick before its time)."""
         if self.inflight != smuid:
             return None
+        if self.inflight_locked:
+            return LOCK_ENDED if smuid in self._locks else None
         return GIVE_UP if self.attempts > self._max_retries else RETRY
 
     def gave_up(self, smuid: int) -> None:
         """The message's retries are spent and it is recorded dead: no longer in flight."""
         if self.inflight == smuid:
             self.inflight = self.inflight_payload = self.retry_deadline = None
+            self.inflight_locked = False
 
     def acked(self) -> None:
-        """The ACK of the message in flight is recorded: nothing is in flight."""
+        """The ACK of the message in flight is recorded (or, queue mode, refused): nothing is
+        in flight. Its lock, if any, stays until the door unlocks it."""
         self.inflight = self.inflight_payload = self.retry_deadline = None
+        self.inflight_locked = False
+
+    @property
+    def lock_lost(self) -> bool:
+        """Queue mode: the message in flight went under a lock that has ended (its deadline
+        passed): the client's answer to it is refused, and nothing else is sent before."""
+        return self.inflight_locked and self.inflight not in self._locks
 
     # ------------------------------------------------------------------ queue-mode locks
 

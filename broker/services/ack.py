@@ -87,7 +87,7 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
         stored.finish_messages(smuids, now)
         if firsts is not None:
             newly = firsts()
-            receipts = _send_receipts(newly, now) if newly else []
+            receipts = send_receipts(newly, now) if newly else []
         stored.EVENTS.insert(events)
     return receipts
 
@@ -98,7 +98,7 @@ def finish_messages(message_ids: list[int], now: datetime) -> None:
     stored.finish_messages(message_ids, now)
 
 
-def _send_receipts(message_ids: list[int], now: datetime) -> list[Published]:
+def send_receipts(message_ids: list[int], now: datetime) -> list[Published]:
     """Receipt: YES → at the first ACK, a receipt message on the publisher's account topic.
     Returns the receipts stored, to be offered to their subscribers after the commit."""
     wanting = Message.objects.filter(pk__in=message_ids, receipt=True).select_related(

@@ -1,7 +1,7 @@
 """Who a message goes to, on what terms, and when its timeout starts (profile §8).
 
-Shared by every verb that makes deliveries: publish, republish, receipts, the queue-mode
-sweep. The statements are the store's (:mod:`broker.store.messages`).
+Shared by every verb that makes deliveries: publish, republish, receipts, queue-mode locks
+and the queue-mode sweep. The statements are the store's (:mod:`broker.store.messages`).
 """
 
 from __future__ import annotations
@@ -81,6 +81,16 @@ def may_receive(account_ids: list[int], topic: Topic | Node) -> list[int]:
 def pick_queue_consumer(accounts: list[int], smuid: int) -> int:
     """Queue mode: each message to exactly one subscribing account, in turn."""
     return accounts[smuid % len(accounts)]
+
+
+def next_queue_consumer(accounts: list[int], after: int) -> int | None:
+    """Queue mode: whose turn it is once ``after``'s turn with a message ended: the next of
+    ``accounts`` (ascending) after it, round robin; ``after`` again when it is the only one;
+    None when there is nobody."""
+    for account_id in accounts:
+        if account_id > after:
+            return account_id
+    return accounts[0] if accounts else None
 
 
 def start_timeouts(message_ids: list[int], now: datetime) -> None:

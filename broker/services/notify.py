@@ -88,6 +88,20 @@ def messages_committed(published: Iterable[Committed]) -> None:
                 DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "", "items": items})
 
 
+def deliveries_withdrawn(pairs: Iterable[tuple[int, int]]) -> None:
+    """Queue mode: these (account, smuid) deliveries were moved to another account (a sweep):
+    the account's sessions, in every process, need not try to send them (their lock would
+    fail, a database round trip each). One ``dispatch.withdraw`` event on
+    :data:`DISPATCH_GROUP`. Best-effort: a session that tries all the same does not get the
+    lock."""
+    layer = get_channel_layer()
+    items = [[account_id, smuid] for account_id, smuid in pairs]
+    if layer is not None and items:
+        with contextlib.suppress(Exception):
+            async_to_sync(layer.group_send)(
+                DISPATCH_GROUP, {"type": "dispatch.withdraw", "origin": "", "items": items})
+
+
 def messages_committed_on_commit(published: list[Committed]) -> None:
     """:func:`messages_committed` once the current transaction commits (at once outside
     one), as Zulip's ``send_event_on_commit``."""

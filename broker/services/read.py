@@ -1,10 +1,11 @@
 """Reading messages: what NOTIFY and GET MESSAGE send, what waits for an account (its
-backlog), whether a delivery may still go, and a topic's retry policy.
+backlog), whether a delivery may still go, and a topic's delivery policy.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import F, Q, Value, Window
@@ -56,9 +57,10 @@ def backlog_for(account_ids: list[int],
     now = timezone.now()
     limit = limit or settings.SMQP_BACKLOG_PAGE
     order = (Coalesce("message__priority", Value(NO_PRIORITY)).asc(), F("message_id").asc())
+    # Not the NOTIFIED ones: locked to a session (queue mode), they wait for its ACK.
     waiting = Delivery.objects.filter(
         account_id__in=account_ids,
-        state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
+        state=Delivery.State.PENDING,
         message__state=Message.State.PENDING,
     ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now))
     if len(account_ids) > 1:
@@ -111,7 +113,7 @@ def deliverable(account_id: int, smuid: int) -> bool:
     (so the message's timeout is not held up by it; Trash for audit once nobody else waits);
     in queue mode it is left to the queue sweep
     (:func:`.sweeps.requeue_stale_queue_deliveries`), which hands it to a subscriber that may
-    still receive it."""
+    still receive it (it is not locked: this is asked before the lock)."""
     topic_id = Message.objects.filter(pk=smuid).values_list("topic_id", flat=True).first()
     if topic_id is None:
         return False
@@ -123,8 +125,20 @@ def deliverable(account_id: int, smuid: int) -> bool:
     return False
 
 
-def retry_policy(topic_path: str) -> tuple[int, int]:
-    """(retry timeout in seconds, max retries) in effect on a topic."""
+class DeliveryPolicy(NamedTuple):
+    """How a topic's messages are delivered: the retry timeout (seconds) and max retries in
+    effect on it, and whether it is in queue mode (each message locked to one session at a
+    time: :mod:`.locks`)."""
+
+    retry_timeout: int
+    max_retries: int
+    queue: bool
+
+
+def retry_policy(topic_path: str) -> DeliveryPolicy:
+    """The :class:`DeliveryPolicy` in effect on a topic."""
     topic = topic_service.node(topic_path)
-    params = effective(topic.resolved()) if topic else settings.SMQP_QUEUE_DEFAULTS
-    return int(params["retry_timeout"] or 30), int(params["max_retries"] or 0)
+    real = topic.resolved() if topic else None
+    params = effective(real) if real else settings.SMQP_QUEUE_DEFAULTS
+    return DeliveryPolicy(int(params["retry_timeout"] or 30), int(params["max_retries"] or 0),
+                          real is not None and real.delivery_mode == Topic.DeliveryMode.QUEUE)

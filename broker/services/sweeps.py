@@ -1,5 +1,6 @@
 """What time decides (profile §8), run by the Celery sweeps (:mod:`broker.tasks`): expiry into
-Trash, the Trash purge, and queue-mode retries (the next subscriber, or dead letters).
+Trash, the Trash purge, and queue-mode deliveries waiting too long for one account (the ends
+of queue-mode locks are :func:`.locks.expire_locks`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from topics import tree as topic_tree
 from topics.models import Topic
 
 from . import notify
-from .ack import mark_dead
-from .deliveries import NO_PRIORITY, receivers, subscribers
+from .ack import finish_messages
+from .deliveries import NO_PRIORITY, next_queue_consumer, receivers, subscribers
 from .publish import Published
 
 
@@ -44,44 +45,65 @@ def purge_trash(retention_seconds: int, now: datetime | None = None,
     return len(ids)
 
 
-def requeue_stale_queue_deliveries(now: datetime | None = None) -> int:
-    """Queue mode: a message not ACKed within its topic's retry timeout goes to the next
-    subscribing account; after the topic's max retries it is dead (Trash, for audit).
-    Returns how many deliveries moved or died."""
+def requeue_stale_queue_deliveries(now: datetime | None = None, limit: int = 1000) -> int:
+    """Queue mode: a message waiting, unlocked, for an account that has not taken it within
+    its topic's retry timeout (counted from when it was assigned: its delivery's creation, or
+    its last move) goes to the next subscribing account, so that it does not wait for an
+    account with no live session. Not while the account is consuming the topic (it took a
+    lock on one of its messages within the retry timeout): it is getting to them, in order,
+    and moving its backlog would only bounce it between accounts that are all busy, each
+    of whose sessions would then spend a round trip on every message it may no longer
+    lock. No attempt is counted (nothing was sent), and a locked delivery is never touched
+    (its lock ends through :mod:`.locks`). This cannot deliver a message twice: a session
+    that still has it waiting can no longer lock it. Nobody subscribing any more: the
+    message waits unassigned, and its timeout starts. Returns how many deliveries moved or
+    were given up (``limit`` at most per topic)."""
     now = now or timezone.now()
     tree = topic_tree.tree()
     queue_topics = [n for n in tree.by_id.values()
                     if n.delivery_mode == Topic.DeliveryMode.QUEUE and n.link_id is None]
     moved: list[Published] = []
-    dead: list[tuple[int, int]] = []
-    touched = 0
+    withdrawn: list[tuple[int, int]] = []
+    unassigned: list[int] = []
+    released = 0
     for topic in queue_topics:
         params = tree.effective(topic)
-        cutoff = now - timedelta(seconds=int(params["retry_timeout"] or 30))
-        stale = list(Delivery.objects.filter(
-            message__topic_id=topic.pk, message__state=Message.State.PENDING,
-            state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
-        ).filter(Q(last_attempt__lte=cutoff) | Q(last_attempt__isnull=True, created__lte=cutoff))
-            .select_related("message")[:1000])
+        retry = timedelta(seconds=int(params["retry_timeout"] or 30))
+        turn_ended = Q(next_attempt__lte=now) | Q(next_attempt__isnull=True,
+                                                   created__lte=now - retry)
+        in_topic = Delivery.objects.filter(message__topic_id=topic.pk,
+                                           message__state=Message.State.PENDING)
+        # (ACKed deliveries keep when they were locked; their messages wait for their
+        # timeout, so these are the rows the stale ones are found among.)
+        consuming = in_topic.filter(last_attempt__gte=now - retry).values("account_id")
+        stale = list(in_topic.filter(turn_ended, state=Delivery.State.PENDING).exclude(
+            account_id__in=consuming).values_list(
+                "pk", "account_id", "message_id", "message__priority")[:limit])
         if not stale:
             continue
         targets = receivers(subscribers([topic], now)().get(topic.pk, ()), topic, now)
-        for delivery in stale:
-            touched += 1
-            attempts = delivery.attempts + 1
-            if attempts > int(params["max_retries"] or 0) or not targets:
-                dead.append((delivery.account_id, delivery.message_id))
-                continue
-            later = [a for a in targets if a > delivery.account_id]
-            target = later[0] if later else targets[0]
-            with transaction.atomic():
-                Delivery.objects.filter(pk=delivery.pk).update(
-                    account_id=target, attempts=attempts, last_attempt=now,
-                    state=Delivery.State.PENDING)
-            moved.append(Published(delivery.message_id, topic.pk, topic.path,
-                                   delivery.message.priority or NO_PRIORITY, [target]))
-    if dead:
-        mark_dead(dead)
+        with transaction.atomic():
+            for pk, account_id, smuid, priority in stale:
+                # Only if it is still waiting, unlocked, for that account (a session may
+                # have locked it since it was read).
+                same_turn = Delivery.objects.filter(turn_ended, pk=pk, account_id=account_id,
+                                                    state=Delivery.State.PENDING)
+                target = next_queue_consumer(targets, account_id)
+                if target is None:
+                    if same_turn.delete()[0]:
+                        unassigned.append(smuid)
+                        withdrawn.append((account_id, smuid))
+                elif same_turn.update(account_id=target, next_attempt=now + retry):
+                    moved.append(Published(smuid, topic.pk, topic.path,
+                                           priority or NO_PRIORITY, [target]))
+                    if target != account_id:
+                        withdrawn.append((account_id, smuid))
+            if unassigned:
+                finish_messages(unassigned, now)
+                released += len(unassigned)
+                unassigned = []
+    if withdrawn:
+        notify.deliveries_withdrawn(withdrawn)
     if moved:
         notify.messages_committed(moved)
-    return touched
+    return len(moved) + released

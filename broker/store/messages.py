@@ -260,3 +260,44 @@ def finish_messages(message_ids: list[int], now: datetime) -> None:
     transaction."""
     if message_ids:
         backend().finish_messages(message_ids, now)
+
+
+# --------------------------------------------------------------------------- queue-mode locks
+# Conditions on the delivery row's own columns only, so that the database checks them again
+# on the row version it updates (see broker.services.locks); RETURNING says who won, and
+# can be read inside a pipelined hot transaction (a cursor's rowcount cannot).
+
+
+def lock_delivery(account_id: int, holder: str, smuid: int, now: datetime,
+                  deadline: datetime, max_retries: int) -> Rows:
+    """Lock the account's delivery of ``smuid`` to ``holder`` until ``deadline``, counting an
+    attempt: if it is unlocked (PENDING), or locked to ``holder`` already, or its lock
+    expired; if it has no more than ``max_retries`` attempts; and if the message still
+    waits. Its rows (one when locked) are read by calling the result."""
+    ph = placeholder()
+    at = db_datetime(now)
+    locked = Delivery.State.NOTIFIED.value
+    return query(
+        f"UPDATE {Delivery._meta.db_table} SET state = {ph}, holder = {ph}, "
+        f"attempts = attempts + 1, last_attempt = {ph}, next_attempt = {ph} "
+        f"WHERE account_id = {ph} AND message_id = {ph} AND attempts <= {ph} "
+        f"AND (state = {ph} OR (state = {ph} AND (holder = {ph} OR next_attempt <= {ph}))) "
+        f"AND EXISTS (SELECT 1 FROM {Message._meta.db_table} m "
+        f"WHERE m.id = {Delivery._meta.db_table}.message_id AND m.state = {ph}) "
+        f"RETURNING message_id",
+        [locked, holder, at, db_datetime(deadline), account_id, smuid, max_retries,
+         Delivery.State.PENDING.value, locked, holder, at, Message.State.PENDING.value])
+
+
+def consume_lock(account_id: int, holder: str, smuid: int, now: datetime) -> Rows:
+    """The account's delivery of ``smuid`` becomes ACKED if ``holder`` holds its lock and
+    the lock has not expired. Its rows (one when consumed) are read by calling the
+    result."""
+    ph = placeholder()
+    at = db_datetime(now)
+    return query(
+        f"UPDATE {Delivery._meta.db_table} SET state = {ph}, holder = '', acked = {ph} "
+        f"WHERE account_id = {ph} AND message_id = {ph} AND state = {ph} AND holder = {ph} "
+        f"AND next_attempt > {ph} RETURNING message_id",
+        [Delivery.State.ACKED.value, at, account_id, smuid, Delivery.State.NOTIFIED.value,
+         holder, at])

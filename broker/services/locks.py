@@ -1,0 +1,171 @@
+"""Queue mode with locks (profile §9.6): each message of a queue topic is consumed exactly
+once, by one subscribing account, whichever process or door its sessions use.
+
+A queue message has one delivery row, for the account whose turn it is. Before a session
+sends it, the session *locks* it (:func:`lock`): the row becomes NOTIFIED, with the session's
+guid as ``holder`` and a deadline (now + the topic's retry timeout) in ``next_attempt``; each
+lock counts an attempt. Only the holder's ACK before the deadline consumes the message
+(:func:`ack_locked`); any other is refused with 409 and changes nothing. A lock ends when the
+holder's session ends or lets go of it (:func:`release`), or at its deadline
+(:func:`expire_locks`, a Celery sweep, for sessions whose process is gone): the message is
+then offered to the next subscribing account (:func:`.deliveries.next_queue_consumer`), or,
+once the topic's max retries are spent, it is dead (Trash, for audit).
+
+Each verb is one short transaction of conditional UPDATEs that name the delivery row's own
+columns only, so that of two processes deciding about one delivery at once exactly one wins:
+the database checks those conditions again on the row version it updates (PostgreSQL does
+not for a condition it read through a join or a subquery on the row's table). The two that
+run once per message, :func:`lock` and :func:`ack_locked`, are the store's statements
+(:mod:`broker.store.messages`) in a hot transaction, as an ACK batch is.
+
+Fan-out topics never take locks: their deliveries keep the ACK journal's path
+(:mod:`.ack`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from accounts.models import Account
+from broker.models import Delivery, UsageEvent
+from broker.store import messages as stored
+from broker.store.rows import hot_transaction
+from topics import tree as topic_tree
+from ual.resolution import snapshot_for_id
+
+from . import conflict, notify
+from .ack import send_receipts
+from .deliveries import NO_PRIORITY, next_queue_consumer, receivers, subscribers
+from .publish import Published
+
+LOCKED = Delivery.State.NOTIFIED
+
+__all__ = ["ack_locked", "expire_locks", "lock", "release"]
+
+
+def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
+         max_retries: int) -> bool:
+    """Lock a queue message to a session before it is sent; False when the session may not
+    send it. It may when the delivery is its account's turn and is not locked, or is locked
+    to this session already (sent again), or its lock has expired; and when the message
+    still waits and has attempts left (``max_retries``, of its topic: the caller's cached
+    policy, with ``retry_timeout``). Counts the attempt. Committed as an ACK is (without a
+    disk flush unless ``SMQP_ACK_DURABILITY=full``): a lock lost with the machine only
+    lets the message be sent again."""
+    now = timezone.now()
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        won = stored.lock_delivery(account_id, session_guid, smuid, now,
+                                   now + timedelta(seconds=retry_timeout), max_retries)()
+    return bool(won)
+
+
+def ack_locked(account_id: int, session_guid: str, smuid: int,
+               receipt: bool = True) -> list[Published]:
+    """The ACK of a queue message by the session holding its lock: the delivery is ACKED
+    only while this session holds an unexpired lock on it, else 409 and nothing changes.
+    Then, as for any ACK (:func:`.ack.ack_batch`, whose durability it shares), the
+    message's timeout starts, the usage event is logged and, unless ``receipt`` is False
+    (the message is known not to ask for one), a receipt goes to its publisher if asked
+    for. Returns the receipts, for the caller to announce (the listener's dispatcher wakes
+    them; elsewhere :func:`.notify.messages_committed`)."""
+    now = timezone.now()
+    try:
+        account = snapshot_for_id(account_id).account.username
+    except Account.DoesNotExist:  # deleted: its deliveries went with it
+        raise conflict("lock not held") from None
+    receipts: list[Published] | None = None
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        if stored.consume_lock(account_id, session_guid, smuid, now)():
+            stored.finish_messages([smuid], now)
+            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "", {})],
+                              now)
+            receipts = send_receipts([smuid], now) if receipt else []
+    if receipts is None:
+        raise conflict("lock not held")
+    return receipts
+
+
+def release(account_id: int, session_guid: str,
+            smuids: Iterable[int] | None = None) -> list[Published]:
+    """The session's locks end before their deadline (all of them, or those on ``smuids``):
+    its session ended, or it lets go of them. Each message goes to the next subscribing
+    account, or is dead once its attempts are spent. Returns the messages moved, for the
+    caller to announce (as :func:`ack_locked`)."""
+    held = Delivery.objects.filter(account_id=account_id, state=LOCKED, holder=session_guid)
+    if smuids is not None:
+        held = held.filter(message_id__in=list(smuids))
+    moved, _ = _end_locks(held, timezone.now(), expired=False)
+    return moved
+
+
+def expire_locks(now: datetime | None = None, limit: int = 1000) -> int:
+    """Locks whose deadline has passed end (``limit`` at most, earliest first), as with
+    :func:`release`; the moved messages are announced to every process. What the holder's
+    own listener has not ended already: its process was killed, say. Returns how many
+    ended."""
+    now = now or timezone.now()
+    expired = Delivery.objects.filter(state=LOCKED, next_attempt__lte=now).order_by(
+        "next_attempt")[:limit]
+    moved, ended = _end_locks(expired, now, expired=True)
+    notify.messages_committed(moved)
+    return ended
+
+
+def _end_locks(candidates: QuerySet[Delivery], now: datetime, *,
+               expired: bool) -> tuple[list[Published], int]:
+    """End the locks of ``candidates`` (read first, then each one ended only if it is still
+    the same lock: same holder, still locked, and with ``expired`` still past its deadline).
+    Returns the messages moved to another account (or to the same one, the only subscriber),
+    and how many locks ended."""
+    rows = list(candidates.values_list("pk", "account_id", "message_id", "holder", "attempts",
+                                       "message__topic_id", "message__priority"))
+    if not rows:
+        return [], 0
+    tree = topic_tree.tree()
+    targets: dict[int, list[int]] = {}
+    moved: list[Published] = []
+    dead: list[tuple[int, int]] = []
+    finished: list[int] = []
+    with transaction.atomic():
+        for pk, account_id, smuid, holder, attempts, topic_id, priority in rows:
+            same_lock = Delivery.objects.filter(pk=pk, state=LOCKED, holder=holder)
+            if expired:
+                same_lock = same_lock.filter(next_attempt__lte=now)
+            topic = tree.by_id.get(topic_id)
+            params = tree.effective(topic) if topic is not None else \
+                settings.SMQP_QUEUE_DEFAULTS
+            if attempts > int(params["max_retries"] or 0):
+                if same_lock.update(state=Delivery.State.DEAD, holder="", next_attempt=None):
+                    dead.append((account_id, smuid))
+                    finished.append(smuid)
+                continue
+            if topic_id not in targets:
+                subs = subscribers([topic], now)().get(topic_id, ()) if topic is not None else ()
+                targets[topic_id] = receivers(subs, topic, now) if topic is not None else []
+            target = next_queue_consumer(targets[topic_id], account_id)
+            if target is None:
+                # Nobody subscribes now: the message waits for the next subscriber
+                # (subscribe_backlog gives it one) and its timeout starts, as at a publish
+                # with no subscriber.
+                if same_lock.delete()[0]:
+                    finished.append(smuid)
+                continue
+            turn = now + timedelta(seconds=int(params["retry_timeout"] or 30))
+            if same_lock.update(account_id=target, state=Delivery.State.PENDING, holder="",
+                                next_attempt=turn):
+                moved.append(Published(smuid, topic_id, topic.path, priority or NO_PRIORITY,
+                                       [target]))
+        if finished:
+            stored.finish_messages(sorted(set(finished)), now)
+        if dead:
+            UsageEvent.objects.bulk_create([
+                UsageEvent(kind=UsageEvent.Kind.DEAD, smuid=m,
+                           detail={"account_id": a, "reason": "max retries"})
+                for a, m in dead])
+    return moved, len(moved) + len(finished)
