@@ -207,3 +207,18 @@ class UsageEvent(AppendOnlyModel):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class QQPResource(models.Model):
+    """A ResourceID a publisher's QQP item was stored under (profile: status 1 for the same
+    ResourceID again); rows older than ``SMQP_QQP_DEDUP_DAYS`` are forgotten."""
+
+    account = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="+")
+    resource_id = models.CharField(max_length=255)
+    smuid = models.BigIntegerField()
+    received = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "resource_id"],
+                                               name="qqp_resource_once")]
