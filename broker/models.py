@@ -211,12 +211,14 @@ class UsageEvent(AppendOnlyModel):
 
 class QQPResource(models.Model):
     """A ResourceID a publisher's QQP item was stored under (profile: status 1 for the same
-    ResourceID again); rows older than ``SMQP_QQP_DEDUP_DAYS`` are forgotten."""
+    ResourceID again); rows older than ``SMQP_QQP_DEDUP_DAYS`` are forgotten. The row is
+    claimed (no smuid yet) before the item is published, so that the unique constraint, not
+    a race, decides which of two senders of one ResourceID publishes it."""
 
     account = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                                 related_name="+")
     resource_id = models.CharField(max_length=255)
-    smuid = models.BigIntegerField()
+    smuid = models.BigIntegerField(null=True, blank=True)  # None: claimed, being published
     received = models.DateTimeField(db_index=True)
 
     class Meta:

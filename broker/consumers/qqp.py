@@ -156,33 +156,44 @@ class QQPConsumer:
         return self._unsigned_account
 
     async def _publish_once(self, account_id: int, item: protocol.Item) -> None:
+        rid = item.resource_id
         try:
-            seen = await dbthread.run(qqp_resources.stored_smuid, account_id, item.resource_id)
+            seen = await dbthread.run(qqp_resources.claim, account_id, rid)
         except DatabaseError:
             logger.warning("QQP: the store is unavailable for %s", self.peer, exc_info=True)
             raise _Refused(4, "the store is unavailable; try again later") from None
+        if seen == qqp_resources.BUSY:
+            raise _Refused(4, "an item with this ResourceID is being stored; try again later")
         if seen is not None:
             raise _Refused(1, f"redundant: stored before as {seen}")
         message = codec.Message(
-            headers=[("X-Resource-Id", item.resource_id)],
+            headers=[("X-Resource-Id", rid)],
             sections=[codec.DataSection([("Content-Type", CONTENT_TYPE)],
                                         item.canonical_data)])
         request = publish.PublishRequest(
             account_id=account_id, guid="", kind="MESSAGE", topic=item.action[len("smqp:"):],
-            cmuid=item.resource_id, message=message, peer=self.peer)
+            cmuid=rid, message=message, peer=self.peer)
         try:
             published = await get_dispatcher().publish(request)
-        except ServiceError as exc:
-            if exc.code >= 500:
-                raise _Refused(4, f"not stored ({exc.text}); try again later") from None
-            raise _Refused(5, f"refused: {exc.code} {exc.text}") from None
-        except Exception:
+        except Exception as exc:
+            await self._release(account_id, rid)
+            if isinstance(exc, ServiceError):
+                if exc.code >= 500:
+                    raise _Refused(4, f"not stored ({exc.text}); try again later") from None
+                raise _Refused(5, f"refused: {exc.code} {exc.text}") from None
             logger.exception("QQP publish failed for %s", self.peer)
             raise _Refused(4, "not stored (server error); try again later") from None
         try:
-            await dbthread.run(qqp_resources.remember, account_id, item.resource_id,
-                               published.smuid)
+            await dbthread.run(qqp_resources.stored, account_id, rid, published.smuid)
         except DatabaseError:
-            # Stored all the same: the sender gets its 2; only a retry would not be caught.
-            logger.warning("QQP: ResourceID %r of smuid %d not recorded", item.resource_id,
+            # Stored all the same: the claim stays, and a retry finds the message by its
+            # Cmuid once the claim is stale (qqp_resources.claim).
+            logger.warning("QQP: ResourceID %r of smuid %d not recorded", rid,
                            published.smuid, exc_info=True)
+
+    async def _release(self, account_id: int, resource_id: str) -> None:
+        try:
+            await dbthread.run(qqp_resources.release, account_id, resource_id)
+        except DatabaseError:
+            # The claim stays; once stale, a retry finds nothing stored and publishes.
+            logger.warning("QQP: claim of %r not released", resource_id, exc_info=True)

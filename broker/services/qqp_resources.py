@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import Account
-from broker.models import QQPResource
+from broker.models import Message, QQPResource
 
 
 def _retained_since():
@@ -54,24 +54,58 @@ def unsigned_account_id() -> int | None:
     return found
 
 
-def stored_smuid(account_id: int, resource_id: str) -> int | None:
-    """The smuid an item of this publisher with this ResourceID was stored as, within the
-    retention; None when there is none."""
-    return QQPResource.objects.filter(
-        account_id=account_id, resource_id=resource_id, received__gte=_retained_since(),
-    ).values_list("smuid", flat=True).first()
+#: What :func:`claim` answers when another sender's item with the ResourceID is being published.
+BUSY = -1
+#: A claim older than this without an smuid was left by a publish that never finished.
+STALE_CLAIM = timedelta(seconds=60)
 
 
-def remember(account_id: int, resource_id: str, smuid: int) -> None:
-    """Record a stored item's ResourceID (a row past its retention is taken over)."""
+def claim(account_id: int, resource_id: str) -> int | None:
+    """Claim the ResourceID before its item is published: None when claimed (publish it),
+    the smuid it was stored as within the retention (a duplicate), or :data:`BUSY`."""
     now = timezone.now()
     try:
         with transaction.atomic():
             QQPResource.objects.create(account_id=account_id, resource_id=resource_id,
-                                       smuid=smuid, received=now)
+                                       smuid=None, received=now)
+        return None
     except IntegrityError:
-        QQPResource.objects.filter(account_id=account_id, resource_id=resource_id).update(
-            smuid=smuid, received=now)
+        pass
+    with transaction.atomic():
+        row = QQPResource.objects.select_for_update().filter(
+            account_id=account_id, resource_id=resource_id).first()
+        if row is None:  # released meanwhile: the other sender's publish failed
+            return BUSY
+        if row.received < _retained_since():
+            row.smuid, row.received = None, now  # forgotten: this is a new item
+        elif row.smuid is not None:
+            return row.smuid
+        elif now - row.received < STALE_CLAIM:
+            return BUSY
+        else:
+            # A claim left by a publish that never said how it ended (the listener stopped,
+            # the store went away after the commit): the message itself tells.
+            smuid = Message.objects.filter(
+                publisher_id=account_id, cmuid=resource_id).values_list("pk", flat=True).first()
+            if smuid is not None:
+                row.smuid = smuid
+                row.save(update_fields=["smuid"])
+                return smuid
+            row.received = now
+        row.save(update_fields=["smuid", "received"])
+        return None
+
+
+def stored(account_id: int, resource_id: str, smuid: int) -> None:
+    """The claimed ResourceID's item was stored as ``smuid``."""
+    QQPResource.objects.filter(account_id=account_id, resource_id=resource_id).update(
+        smuid=smuid)
+
+
+def release(account_id: int, resource_id: str) -> None:
+    """The claimed ResourceID's item was not stored: the claim goes."""
+    QQPResource.objects.filter(account_id=account_id, resource_id=resource_id,
+                               smuid=None).delete()
 
 
 def forget_old() -> int:
