@@ -189,11 +189,11 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
 
 
 def test_fuzz_through_the_socket(tmp_path):
-    """Mutated streams: the listener stays up, and whatever it stored is a whole item."""
+    """10,000 mutated streams: the listener stays up, and whatever it stored is a whole item."""
     rng = random.Random(28)
     seeds = [protocol.encode_item(item(f"f-{i}", b"p" * i)) for i in range(5)]
     with qqp_broker("sqlite", tmp_path) as (smqp, qqp):
-        for _ in range(300):
+        for _ in range(10_000):
             stream = _mutate(rng, b"".join(rng.sample(seeds, 2)))
             with socket.create_connection((qqp.host, qqp.port), timeout=10) as sock:
                 sock.sendall(stream)
@@ -201,6 +201,7 @@ def test_fuzz_through_the_socket(tmp_path):
                 while sock.recv(65536):
                     pass
         assert qqp.alive()
+        assert "application failed" not in qqp.log()
         with QQPSender(qqp.host, qqp.port) as sender:
             assert sender.send(item("after-fuzz"))[0] == 2
         for rid, body in stored_rows(smqp.env):
