@@ -224,3 +224,18 @@ class QQPResource(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["account", "resource_id"],
                                                name="qqp_resource_once")]
+
+
+class QQPKey(models.Model):
+    """An OpenPGP public key kept on an account: a QQP item whose Signature it verifies is
+    published as the account. One row per key ID that may sign (the primary key's and each
+    subkey's), each with the whole armored key."""
+
+    account = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="qqp_keys")
+    key_id = models.CharField(max_length=16, unique=True)
+    fingerprint = models.CharField(max_length=64)
+    armored = models.TextField()
+
+    def __str__(self) -> str:
+        return f"{self.key_id} ({self.fingerprint})"

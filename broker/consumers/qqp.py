@@ -19,7 +19,7 @@ from broker.domain import message as codec
 from broker.qqp import protocol
 from broker.qqp.errors import OverLimit, QQPError
 from broker.qqp.netstring import NetstringReader
-from broker.services import ServiceError, publish, qqp_resources
+from broker.services import ServiceError, publish, qqp_resources, qqp_signatures
 from broker.store import dbthread
 
 logger = logging.getLogger("broker.qqp")
@@ -142,7 +142,14 @@ class QQPConsumer:
 
     async def _publisher(self, item: protocol.Item) -> int:
         if item.signature is not None:
-            raise _Refused(5, "signatures are not checked here yet")
+            try:
+                return await dbthread.run(qqp_signatures.signer, item.canonical_data,
+                                          item.signature)
+            except qqp_signatures.BadSignature as exc:
+                raise _Refused(5, exc.text) from None
+            except DatabaseError:
+                logger.warning("QQP: the store is unavailable for %s", self.peer, exc_info=True)
+                raise _Refused(4, "the store is unavailable; try again later") from None
         if not qqp_resources.unsigned_allowed(self.address):
             raise _Refused(5, "unsigned items are not accepted from this address")
         if self._unsigned_account is None:

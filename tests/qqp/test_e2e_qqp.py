@@ -208,3 +208,54 @@ def test_fuzz_through_the_socket(tmp_path):
             data = sxdf.parse_value(body)
             assert data["ResourceID"].decode() == rid
             assert data["Action"] == b"smqp:/qqp"
+
+
+def _signing_key():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgpy
+        from pgpy.constants import EllipticCurveOID, HashAlgorithm, KeyFlags, PubKeyAlgorithm
+
+        key = pgpy.PGPKey.new(PubKeyAlgorithm.EdDSA, EllipticCurveOID.Ed25519)
+        key.add_uid(pgpy.PGPUID.new("Bob", email="bob@example.org"), usage={KeyFlags.Sign},
+                    hashes=[HashAlgorithm.SHA256])
+    return key
+
+
+def _sign(key, data: bytes) -> bytes:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return str(key.sign(data)).encode()
+
+
+def test_signed_items_are_published_as_the_key_s_account(tmp_path):
+    bob_key, stranger_key = _signing_key(), _signing_key()
+    key_file = tmp_path / "bob.asc"
+    key_file.write_text(str(bob_key.pubkey))
+    with qqp_broker("sqlite", tmp_path, SMQP_QQP_UNSIGNED_FROM="10.0.0.0/8") as (smqp, qqp):
+        smqp.manage("qqpkey", "bob", str(key_file))
+        smqp.manage("grant", "bob", "/qqp", "publish")
+        data = item("sig-1", topic="/qqp")
+        with QQPSender(qqp.host, qqp.port) as sender:
+            code, text = sender.send(data, _sign(bob_key, sxdf.canonical(data)))
+            assert code == 2, text
+            # The same ResourceID from the same publisher: redundant.
+            assert sender.send(data, _sign(bob_key, sxdf.canonical(data)))[0] == 1
+        with QQPSender(qqp.host, qqp.port) as sender:  # signed over other bytes
+            other = item("sig-2", topic="/qqp")
+            code, text = sender.send(other, _sign(bob_key, sxdf.canonical(data)))
+            assert code == 5 and "signature" in text
+        with QQPSender(qqp.host, qqp.port) as sender:  # a key no account keeps
+            other = item("sig-3", topic="/qqp")
+            code, text = sender.send(other, _sign(stranger_key, sxdf.canonical(other)))
+            assert code == 5 and "signature" in text
+        with QQPSender(qqp.host, qqp.port) as sender:  # not a signature at all
+            assert sender.send(item("sig-4", topic="/qqp"), b"garbage")[0] == 5
+        script = ("from broker.models import Message\n"
+                  "print([(m.cmuid, m.publisher.username) for m in Message.objects.all()])\n")
+        out = smqp.manage("shell", "--no-imports", "-c", script).stdout
+        assert out.strip() == "[('sig-1', 'bob')]"
