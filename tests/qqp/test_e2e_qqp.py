@@ -18,6 +18,7 @@ import pytest
 
 from broker.qqp import netstring, protocol, sxdf
 from broker.qqp.send import QQPSender
+from broker.qqp.send import main as send_main
 from tests.conftest import (
     PG_ADMIN_URL,
     ROOT,
@@ -81,7 +82,7 @@ def item(rid: str, payload: bytes = b"hello", topic: str = "/qqp") -> dict:
     return {"Action": f"smqp:{topic}".encode(), "ResourceID": rid.encode(), "Payload": payload}
 
 
-def test_greeting_store_deliver_and_duplicates(tmp_path):
+def test_greeting_store_deliver_and_duplicates(tmp_path, capsys):
     with qqp_broker("sqlite", tmp_path, SMQP_QQP_ITEM_LIMIT="4000") as (smqp, qqp), \
             Session(smqp.host, smqp.port, "root") as sub:
         assert sub.command("SUB MESSAGE /qqp").code == 200
@@ -119,6 +120,15 @@ def test_greeting_store_deliver_and_duplicates(tmp_path):
             assert bad.send_raw(b"012:abc,")[0] == 5
         assert [rid for rid, _ in stored_rows(smqp.env)] == ["r-1", "r-2"]
         assert qqp.alive()
+        # The operators' sender: a file sent twice is stored once.
+        payload = tmp_path / "payload.bin"
+        payload.write_bytes(b"from a file")
+        argv = ["--host", qqp.host, "--port", str(qqp.port), "--topic", "/qqp", str(payload)]
+        assert send_main(argv) == 0
+        assert send_main(argv) == 0
+        assert "100 redundant" in capsys.readouterr().out
+        rows = stored_rows(smqp.env)
+        assert len(rows) == 3 and sxdf.parse_value(rows[-1][1])["Payload"] == b"from a file"
 
 
 def test_session_limit_and_unsigned_refusal(tmp_path):
