@@ -32,6 +32,8 @@ SMALLEST_ITEM = 3
 # second item with the same one waits for the first and then gets ``1`` (or is published,
 # when the first was not stored).
 _in_flight: dict[tuple[int, str], asyncio.Future[None]] = {}
+# The tasks recording stored items' smuids (kept referenced until done).
+_recording: set[asyncio.Task[None]] = set()
 
 
 class _Refused(Exception):
@@ -135,7 +137,27 @@ class QQPConsumer:
         done = asyncio.get_running_loop().create_future()
         _in_flight[key] = done
         try:
-            await self._publish_once(account_id, item)
+            smuid = await self._publish_once(account_id, item)
+        except BaseException:
+            del _in_flight[key]
+            done.set_result(None)
+            raise
+        # The status goes now; the smuid is recorded meanwhile (the claim already keeps a
+        # retry out), and an item with the same ResourceID here waits for that record.
+        task = asyncio.ensure_future(self._record(key, smuid, done))
+        _recording.add(task)
+        task.add_done_callback(_recording.discard)
+
+    async def _record(self, key: tuple[int, str], smuid: int,
+                      done: asyncio.Future[None]) -> None:
+        account_id, rid = key
+        try:
+            await dbthread.run(qqp_resources.stored, account_id, rid, smuid)
+        except DatabaseError:
+            # Stored all the same: the claim stays, and a retry finds the message by its
+            # Cmuid once the claim is stale (qqp_resources.claim).
+            logger.warning("QQP: ResourceID %r of smuid %d not recorded", rid, smuid,
+                           exc_info=True)
         finally:
             del _in_flight[key]
             done.set_result(None)
@@ -162,7 +184,8 @@ class QQPConsumer:
                 raise _Refused(5, "unsigned items are not accepted")
         return self._unsigned_account
 
-    async def _publish_once(self, account_id: int, item: protocol.Item) -> None:
+    async def _publish_once(self, account_id: int, item: protocol.Item) -> int:
+        """Claim the ResourceID and publish the item; its smuid once committed."""
         rid = item.resource_id
         try:
             seen = await dbthread.run(qqp_resources.claim, account_id, rid)
@@ -190,13 +213,7 @@ class QQPConsumer:
                 raise _Refused(5, f"refused: {exc.code} {exc.text}") from None
             logger.exception("QQP publish failed for %s", self.peer)
             raise _Refused(4, "not stored (server error); try again later") from None
-        try:
-            await dbthread.run(qqp_resources.stored, account_id, rid, published.smuid)
-        except DatabaseError:
-            # Stored all the same: the claim stays, and a retry finds the message by its
-            # Cmuid once the claim is stale (qqp_resources.claim).
-            logger.warning("QQP: ResourceID %r of smuid %d not recorded", rid,
-                           published.smuid, exc_info=True)
+        return published.smuid
 
     async def _release(self, account_id: int, resource_id: str) -> None:
         try:
