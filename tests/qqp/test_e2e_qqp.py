@@ -34,16 +34,21 @@ from tests.smqp_session import Session, header
 pytestmark = pytest.mark.e2e
 
 
-def start_qqp(env: dict[str, str], var_dir: Path) -> BrokerProcess:
+def start_qqp(env: dict[str, str], var_dir: Path, *extra: str) -> BrokerProcess:
     log_path = var_dir / f"qqp-{uuid.uuid4().hex[:6]}.log"
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "runqqp", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, str(ROOT / "manage.py"), "runqqp", "--host", "127.0.0.1", "--port", "0",
+         *extra],
         env=env, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        match = re.search(r"QQP listening on ([\d.]+):(\d+)", log_path.read_text())
-        if match:
-            return BrokerProcess(match[1], int(match[2]), env, proc, var_dir, log_path)
+        log = log_path.read_text()
+        match = re.search(r"QQP listening on ([\d.]+):(\d+)", log)
+        if match and ("--tls-cert" not in extra or "QQPS listening" in log):
+            broker = BrokerProcess(match[1], int(match[2]), env, proc, var_dir, log_path)
+            tls = re.search(r"QQPS listening on [\d.]+:(\d+)", log)
+            broker.extra["tls_port"] = int(tls[1]) if tls else None
+            return broker
         if proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -269,3 +274,22 @@ def test_signed_items_are_published_as_the_key_s_account(tmp_path):
                   "print([(m.cmuid, m.publisher.username) for m in Message.objects.all()])\n")
         out = smqp.manage("shell", "--no-imports", "-c", script).stdout
         assert out.strip() == "[('sig-1', 'bob')]"
+
+
+def test_qqps_over_tls(tmp_path):
+    import trustme
+
+    cert = trustme.CA().issue_cert("localhost", "127.0.0.1")
+    cert_path, key_path = tmp_path / "qqp.pem", tmp_path / "qqp.key"
+    cert.cert_chain_pems[0].write_to_path(str(cert_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    with qqp_broker("sqlite", tmp_path) as (smqp, _):
+        qqps = start_qqp(smqp.env, tmp_path, "--tls-port", "0", "--tls-cert", str(cert_path),
+                         "--tls-key", str(key_path))
+        try:
+            with QQPSender(qqps.host, qqps.extra["tls_port"], tls=True, verify=False) as sender:
+                assert sender.greeting.capabilities == ("smqp",)
+                assert sender.send(item("tls-1"))[0] == 2
+        finally:
+            stop_listener(qqps)
+        assert [rid for rid, _ in stored_rows(smqp.env)] == ["tls-1"]

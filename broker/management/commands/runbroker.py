@@ -77,9 +77,10 @@ class Command(BaseCommand):
 
         def reload_certificate(signum, frame) -> None:
             # SIGHUP to the broker reaches the SMQP listener, which reads its TLS files again.
-            smqp = procs.get("smqp")
-            if smqp is not None and smqp.poll() is None:
-                smqp.send_signal(signal.SIGHUP)
+            for name in ("smqp", "qqp"):  # QQPS presents the same certificate
+                child = procs.get(name)
+                if child is not None and child.poll() is None:
+                    child.send_signal(signal.SIGHUP)
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from .runsmqp import PRIVILEGED_PORT_HELP, STORAGE_READY_SECONDS, _BindError, run_event_loop
+from .runsmqp import Command as SMQPCommand
 
 #: How often the listener forgets ResourceIDs past their retention.
 FORGET_EVERY_SECONDS = 3600
@@ -85,6 +86,8 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # SIGHUP: the QQPS listener reads the certificate and key again, as runsmqp's does.
+        loop.add_signal_handler(signal.SIGHUP, SMQPCommand._reload_tls, self, servers)
         forgetting = asyncio.ensure_future(self._forget_old())
         await stop.wait()
         forgetting.cancel()
