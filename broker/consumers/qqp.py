@@ -94,11 +94,8 @@ class QQPConsumer:
         """Answer the items ``data`` completes; False once the connection is closed."""
         try:
             bodies = self.reader.feed(data)
-        except OverLimit as exc:
-            which = "SessionLimit" if exc.session else "ItemLimit"
-            return await self._status(5, f"over the {which}", detail=2)
         except QQPError as exc:
-            return await self._status(5, f"not a netstring ({exc})", detail=1)
+            return await self._refuse_stream(exc)
         for body in bodies:
             try:
                 await self._store(body)
@@ -111,7 +108,15 @@ class QQPConsumer:
                 return await self._status(3, "stored; closing")
             if not await self._status(2, "stored"):
                 return False
+        if self.reader.error is not None:  # whole items came before the fault: answered
+            return await self._refuse_stream(self.reader.error)
         return True
+
+    async def _refuse_stream(self, exc: QQPError) -> bool:
+        if isinstance(exc, OverLimit):
+            which = "SessionLimit" if exc.session else "ItemLimit"
+            return await self._status(5, f"over the {which}", detail=2)
+        return await self._status(5, f"not a netstring ({exc})", detail=1)
 
     async def _status(self, code: int, text: str, detail: int = 0) -> bool:
         """Send a status; a 3 or more closes the connection (False)."""

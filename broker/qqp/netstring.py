@@ -39,20 +39,24 @@ class NetstringReader:
         self.received = 0  # sizes of the items read so far
         self._buffer = bytearray()
         self._length: int | None = None  # of the body being read, once its header was
-        self.failed = False
+        #: The error that ended the stream after the bodies the last feed returned.
+        self.error: QQPError | None = None
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The bodies ``data`` completes; raises QQPError (and reads nothing more after)."""
-        if self.failed:
-            raise QQPError("the stream failed before")
+        """The bodies ``data`` completes. A malformed stream raises QQPError, unless whole
+        bodies came before the fault in this call: those are returned, and :attr:`error`
+        holds the fault (the next feed raises it). Nothing is read after a fault."""
+        if self.error is not None:
+            raise self.error
         self._buffer += data
         bodies: list[bytes] = []
         try:
             while self._next(bodies):
                 pass
-        except QQPError:
-            self.failed = True
-            raise
+        except QQPError as exc:
+            self.error = exc
+            if not bodies:
+                raise
         return bodies
 
     def _next(self, bodies: list[bytes]) -> bool:

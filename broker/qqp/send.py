@@ -3,7 +3,8 @@
 ``python -m broker.qqp.send --port 2626 --topic /orders/new FILE...`` sends each file as one
 item (its bytes the ``Payload`` element; ResourceID the file's SHA-256 unless ``--resource-id``
 is given, so sending a file again is detected as a duplicate) and prints each status string.
-Exit status: 0 when every item got a 1 or 2, else 1.
+Exit status: 0 when every item was stored or was a duplicate (1, 2, or a 3 for the last),
+else 1.
 """
 
 from __future__ import annotations
@@ -79,17 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         with QQPSender(args.host, args.port, tls=args.tls, verify=not args.insecure) as sender:
-            for name in args.files:
+            for number, name in enumerate(args.files, 1):
                 payload = Path(name).read_bytes()
                 resource_id = args.resource_id or hashlib.sha256(payload).hexdigest()
                 code, text = sender.send({"Action": f"smqp:{args.topic}".encode(),
                                           "ResourceID": resource_id.encode(),
                                           "Payload": payload})
                 print(f"{name}: {text}")
+                if code >= protocol.STORED_CLOSING:
+                    # Closed: a 3 stored this item, but the files after it were not sent.
+                    failed = code != protocol.STORED_CLOSING or number < len(args.files)
+                    break
                 if code not in (protocol.REDUNDANT, protocol.STORED):
                     failed = True
-                    if code >= protocol.STORED_CLOSING:
-                        break
     except (OSError, QQPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -98,6 +98,14 @@ def test_netstring_refusals(bad):
         reader.feed(bad + b"1:x,")
 
 
+def test_whole_items_before_a_fault_are_returned_then_the_fault_raised():
+    reader = netstring.NetstringReader()
+    assert reader.feed(b"1:a,2:bc,01:x,") == [b"a", b"bc"]
+    assert isinstance(reader.error, QQPError)
+    with pytest.raises(QQPError):
+        reader.feed(b"1:d,")
+
+
 def test_netstring_split_reads_and_limits():
     reader = netstring.NetstringReader(item_limit=10, session_limit=16)
     stream = b"3:abc,0:,"

@@ -123,7 +123,11 @@ def test_greeting_store_deliver_and_duplicates(tmp_path, capsys):
         # A malformed netstring: 5 and closed.
         with QQPSender(qqp.host, qqp.port) as bad:
             assert bad.send_raw(b"012:abc,")[0] == 5
-        assert [rid for rid, _ in stored_rows(smqp.env)] == ["r-1", "r-2"]
+        # A whole item, then a fault in the same write: the item answered, then 5 and closed.
+        with QQPSender(qqp.host, qqp.port) as mixed:
+            assert mixed.send_raw(protocol.encode_item(item("r-6")) + b"x:")[0] == 2
+            assert protocol.parse_status(mixed._next())[0] == 5
+        assert [rid for rid, _ in stored_rows(smqp.env)] == ["r-1", "r-2", "r-6"]
         assert qqp.alive()
         # The operators' sender: a file sent twice is stored once.
         payload = tmp_path / "payload.bin"
@@ -133,7 +137,7 @@ def test_greeting_store_deliver_and_duplicates(tmp_path, capsys):
         assert send_main(argv) == 0
         assert "100 redundant" in capsys.readouterr().out
         rows = stored_rows(smqp.env)
-        assert len(rows) == 3 and sxdf.parse_value(rows[-1][1])["Payload"] == b"from a file"
+        assert len(rows) == 4 and sxdf.parse_value(rows[-1][1])["Payload"] == b"from a file"
 
 
 def test_session_limit_and_unsigned_refusal(tmp_path):
