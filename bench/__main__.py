@@ -8,6 +8,7 @@ Examples::
     python -m bench messages --scenario all --db both    # issue 4, against RabbitMQ too
     python -m bench messages --tls --db sqlite           # the same over SMQPS beside plain
     python -m bench tls                                  # TLS handshakes, failed-login timing
+    python -m bench qqp --db both                        # QQP items/s against SMQP publish
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import messages, smqp_load, tls
+from . import messages, qqp, smqp_load, tls
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -26,6 +27,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "commands": smqp_load,
     "messages": messages,
     "tls": tls,
+    "qqp": qqp,
 }
 DEFAULT = "commands"
 

@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP and WebSocket through Daphne, SMQP through ``broker.server``."""
+"""ASGI entry point: HTTP and WebSocket through Daphne, SMQP and QQP through ``broker.server``."""
 
 import os
 
@@ -9,11 +9,13 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
+from broker.consumers.qqp import QQPConsumer  # noqa: E402
 from broker.consumers.smqp import SMQPConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "smqp": SMQPConsumer.as_asgi(),
+        "qqp": QQPConsumer.as_asgi(),
     }
 )

@@ -226,3 +226,35 @@ class UsageEvent(AppendOnlyModel):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class QQPResource(models.Model):
+    """A ResourceID a publisher's QQP item was stored under (profile: status 1 for the same
+    ResourceID again); rows older than ``SMQP_QQP_DEDUP_DAYS`` are forgotten. The row is
+    claimed (no smuid yet) before the item is published, so that the unique constraint, not
+    a race, decides which of two senders of one ResourceID publishes it."""
+
+    account = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="+")
+    resource_id = models.CharField(max_length=255)
+    smuid = models.BigIntegerField(null=True, blank=True)  # None: claimed, being published
+    received = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "resource_id"],
+                                               name="qqp_resource_once")]
+
+
+class QQPKey(models.Model):
+    """An OpenPGP public key kept on an account: a QQP item whose Signature it verifies is
+    published as the account. One row per key ID that may sign (the primary key's and each
+    subkey's), each with the whole armored key."""
+
+    account = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="qqp_keys")
+    key_id = models.CharField(max_length=16, unique=True)
+    fingerprint = models.CharField(max_length=64)
+    armored = models.TextField()
+
+    def __str__(self) -> str:
+        return f"{self.key_id} ({self.fingerprint})"

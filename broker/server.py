@@ -1,5 +1,6 @@
 """The SMQP listener: an asyncio TCP server that runs one ASGI application instance per
-connection, as Daphne does for HTTP.
+connection, as Daphne does for HTTP. QQP's listener is the same server with ``protocol="qqp"``:
+its scope type and event names then start with ``qqp`` instead of ``smqp``.
 
 Each connection gets the scope ``{"type": "smqp", "client": [host, port], "server": [host,
 port], "tls": None}``; on a TLS listener (SMQPS) ``tls`` is ``{"server_cert": <DER bytes>}``,
@@ -86,6 +87,11 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.scope: dict = {}
         self._run: asyncio.Task | None = None
+        # The event names of the server's protocol, spelled once per connection.
+        protocol = server.protocol
+        self._receive_type = f"{protocol}.receive"
+        self._send_type = f"{protocol}.send"
+        self._close_type = f"{protocol}.close"
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -98,18 +104,19 @@ class _Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("", 0)
         local = transport.get_extra_info("sockname") or ("", 0)
         self.scope = {
-            "type": "smqp",
+            "type": self.server.protocol,
             "asgi": {"version": "3.0", "spec_version": "1.0"},
             "client": [peer[0], peer[1]],
             "server": [local[0], local[1]],
             "tls": self.server.tls,
         }
         self.server.connections.add(self)
-        self._deliver({"type": "smqp.connect"})  # before anything the socket brings
+        # Before anything the socket brings.
+        self._deliver({"type": f"{self.server.protocol}.connect"})
         self._run = asyncio.ensure_future(self.run(self.server.application))
 
     def data_received(self, data: bytes) -> None:
-        self._deliver({"type": "smqp.receive", "bytes": data})
+        self._deliver({"type": self._receive_type, "bytes": data})
         if len(self.inbox) >= INBOX_SIZE and not self._reading_paused and self.transport:
             self._reading_paused = True
             self.transport.pause_reading()
@@ -146,7 +153,7 @@ class _Connection(asyncio.Protocol):
         if self._disconnected:
             return
         self._disconnected = True
-        self._deliver({"type": "smqp.disconnect"})
+        self._deliver({"type": f"{self.server.protocol}.disconnect"})
         # The application gets time to finish its disconnect, then it is cancelled.
         asyncio.get_running_loop().call_later(self.server.disconnect_timeout, self._overdue)
 
@@ -175,7 +182,7 @@ class _Connection(asyncio.Protocol):
 
     async def send(self, event: dict) -> None:
         kind = event["type"]
-        if kind == "smqp.send":
+        if kind == self._send_type:
             transport = self.transport
             if self.closed or transport is None:
                 return
@@ -192,7 +199,7 @@ class _Connection(asyncio.Protocol):
                     self._close_transport()
             if event.get("close"):
                 self._close_transport()
-        elif kind == "smqp.close":
+        elif kind == self._close_type:
             self._close_transport()
         else:
             raise ValueError(f"unknown event from the application: {kind!r}")
@@ -227,7 +234,8 @@ class _Connection(asyncio.Protocol):
             except asyncio.CancelledError:
                 pass  # the listener is shutting down; the connection is closed with it
             except Exception:  # one connection's failure never stops the listener
-                logger.error("SMQP application failed", exc_info=True)
+                logger.error("%s application failed", self.server.protocol.upper(),
+                             exc_info=True)
         finally:
             self._close_transport()
             self.server.connections.discard(self)
@@ -235,13 +243,14 @@ class _Connection(asyncio.Protocol):
 
 class SMQPServer:
     """Serve ``application`` on ``host:port``; over TLS when ``tls_cert`` (and ``tls_key``,
-    PEM files) are given."""
+    PEM files) are given. ``protocol`` names the scope type and the events."""
 
     def __init__(self, application: ASGIApp, host: str, port: int, *,
                  reuse_port: bool = False, backlog: int = 1024,
                  disconnect_timeout: float = 10.0,
-                 tls_cert: str = "", tls_key: str = "") -> None:
+                 tls_cert: str = "", tls_key: str = "", protocol: str = "smqp") -> None:
         self.application = application
+        self.protocol = protocol
         self.tls_cert = tls_cert
         self.tls_key = tls_key or tls_cert
         self.ssl_context: ssl.SSLContext | None = None
@@ -282,7 +291,7 @@ class SMQPServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            conn.put_nowait({"type": "smqp.shutdown", "grace": grace})
+            conn.put_nowait({"type": f"{self.protocol}.shutdown", "grace": grace})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while self.connections and loop.time() < deadline:

@@ -277,6 +277,20 @@ if SMQP_CLEAR_ON_PLAIN not in ("yes", "no", "loopback"):
     raise ImproperlyConfigured(
         f"SMQP_CLEAR_ON_PLAIN must be 'yes', 'no' or 'loopback', not {SMQP_CLEAR_ON_PLAIN!r}")
 SMQP_SERVER_IDENT = os.environ.get("SMQP_SERVER_IDENT", "Django SMQP Broker/0.1")
+# --- QQP (the ingestion door, docs: ../shared/design/QQP-PROFILE.md) ---------------------------
+# The spec's ports 26 and 27 need root: 2626 plain, 2727 TLS (with the SMQP certificate).
+SMQP_QQP_PORT = env_int("SMQP_QQP_PORT", 2626)
+SMQP_QQP_TLS_PORT = env_int("SMQP_QQP_TLS_PORT", 2727)
+# The Greeting's ItemLimit (largest item accepted) and SessionLimit (bytes per connection).
+SMQP_QQP_ITEM_LIMIT = env_int("SMQP_QQP_ITEM_LIMIT", 1024 * 1024)
+SMQP_QQP_SESSION_LIMIT = env_int("SMQP_QQP_SESSION_LIMIT", 256 * 1024 * 1024)
+SMQP_QQP_EXCEPTIONS_TO = os.environ.get("SMQP_QQP_EXCEPTIONS_TO", "")
+# Unsigned items are published as this account, from these peer addresses (comma-separated
+# addresses or networks; "loopback" means 127.0.0.0/8 and ::1); no account: refused.
+SMQP_QQP_UNSIGNED_ACCOUNT = os.environ.get("SMQP_QQP_UNSIGNED_ACCOUNT", "")
+SMQP_QQP_UNSIGNED_FROM = os.environ.get("SMQP_QQP_UNSIGNED_FROM", "loopback")
+# Days a publisher's ResourceIDs are remembered for duplicate detection.
+SMQP_QQP_DEDUP_DAYS = env_int("SMQP_QQP_DEDUP_DAYS", 7)
 # Message timeout for messages that name none and whose topics set none: one day.
 SMQP_DEFAULT_TIMEOUT = env_int("SMQP_DEFAULT_TIMEOUT", 86_400)
 SMQP_MAX_LINE = env_int("SMQP_MAX_LINE", 4096)

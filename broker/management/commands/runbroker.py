@@ -20,7 +20,8 @@ from .runsmqp import PRIVILEGED_PORT_HELP
 
 
 class Command(BaseCommand):
-    help = "Run Daphne, the SMQP listener, a Celery worker and Celery beat together."
+    help = ("Run Daphne, the SMQP listener, the QQP listener, a Celery worker and Celery beat "
+            "together.")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--http-host", default=os.environ.get("HTTP_HOST", "127.0.0.1"))
@@ -31,6 +32,8 @@ class Command(BaseCommand):
         parser.add_argument("--smqp-port", type=int, default=settings.SMQP_PORT)
         parser.add_argument("--smqp-tls-port", type=int, default=settings.SMQP_TLS_PORT,
                             help="SMQPS port, served when SMQP_TLS_CERT is set.")
+        parser.add_argument("--qqp-port", type=int, default=settings.SMQP_QQP_PORT,
+                            help="QQP port (and QQPS on SMQP_QQP_TLS_PORT with SMQP_TLS_CERT).")
         parser.add_argument("--no-celery", action="store_true", help="Start no Celery processes.")
 
     def handle(self, *args, **opts) -> None:
@@ -39,6 +42,7 @@ class Command(BaseCommand):
         if settings.SMQP_TLS:
             self._check_bind(opts["smqp_host"], opts["smqp_tls_port"])
         self._check_bind(opts["http_host"], opts["http_port"])
+        self._check_bind(opts["smqp_host"], opts["qqp_port"])
         python = sys.executable
         manage = [python, str(settings.BASE_DIR / "manage.py")]
         beat_schedule = str(settings.VAR_DIR / "celerybeat-schedule")
@@ -50,6 +54,9 @@ class Command(BaseCommand):
             "smqp": [
                 *manage, "runsmqp", "--host", opts["smqp_host"], "--port", str(opts["smqp_port"]),
                 "--tls-port", str(opts["smqp_tls_port"]),
+            ],
+            "qqp": [
+                *manage, "runqqp", "--host", opts["smqp_host"], "--port", str(opts["qqp_port"]),
             ],
         }
         if not opts["no_celery"]:
@@ -70,9 +77,10 @@ class Command(BaseCommand):
 
         def reload_certificate(signum, frame) -> None:
             # SIGHUP to the broker reaches the SMQP listener, which reads its TLS files again.
-            smqp = procs.get("smqp")
-            if smqp is not None and smqp.poll() is None:
-                smqp.send_signal(signal.SIGHUP)
+            for name in ("smqp", "qqp"):  # QQPS presents the same certificate
+                child = procs.get(name)
+                if child is not None and child.poll() is None:
+                    child.send_signal(signal.SIGHUP)
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
@@ -87,6 +95,7 @@ class Command(BaseCommand):
                 smqp.append(f"SMQP on {opts['smqp_host']}:{opts['smqp_port']}")
             if settings.SMQP_TLS:
                 smqp.append(f"SMQPS on {opts['smqp_host']}:{opts['smqp_tls_port']}")
+            smqp.append(f"QQP on {opts['smqp_host']}:{opts['qqp_port']}")
             self.stdout.write(
                 f"Broker running: admin at http://{opts['http_host']}:{opts['http_port']}/admin/,"
                 f" {', '.join(smqp)}. Ctrl-C stops."
