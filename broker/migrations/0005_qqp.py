@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('broker', '0003_partial_expires_index'),
+        ('broker', '0004_queue_locks'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
