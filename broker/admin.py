@@ -9,7 +9,7 @@ from broker.services import ServiceError
 from broker.services.removal import remove_messages
 from topics.admin import console_snapshot, refusal
 
-from .models import DataSection, Delivery, Message, Subscription, UsageEvent
+from .models import DataSection, Delivery, Message, QQPKey, Subscription, UsageEvent
 
 
 class DataSectionInline(admin.TabularInline):
@@ -62,7 +62,9 @@ class SubscriptionAdmin(admin.ModelAdmin):
 
 @admin.register(Delivery)
 class DeliveryAdmin(admin.ModelAdmin):
-    list_display = ("message", "account", "state", "attempts", "last_attempt", "acked")
+    # holder / next_attempt: a queue-mode lock's session and deadline (profile §9.6).
+    list_display = ("message", "account", "state", "attempts", "holder", "next_attempt",
+                    "last_attempt", "acked")
     list_filter = ("state",)
     search_fields = ("=message__id", "account__username")
     raw_id_fields = ("message", "account")
@@ -85,4 +87,18 @@ class UsageEventAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(QQPKey)
+class QQPKeyAdmin(admin.ModelAdmin):
+    """The OpenPGP keys whose QQP signatures publish as their account. Added with
+    ``manage.py qqpkey ACCOUNT FILE``, which reads the key and its subkeys' IDs; here they are
+    listed and can be removed."""
+
+    list_display = ("key_id", "account", "fingerprint")
+    search_fields = ("key_id", "fingerprint", "account__username")
+    readonly_fields = ("account", "key_id", "fingerprint", "armored")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
