@@ -437,3 +437,21 @@ def test_a_withdrawn_message_is_not_tried_unless_it_comes_back():
     assert mailbox.offer(1, 11) is True  # moved back to this account: it goes after all
     assert drain(mailbox) == [9, 11]
     assert not mailbox._skip and not mailbox._withdrawn and not mailbox._queued
+
+
+def test_an_ack_recorded_late_leaves_the_next_message_in_flight() -> None:
+    # The ACK of 1 is being recorded when 1's retries run out and 2 goes in flight: the ACK's
+    # end must not clear 2 (it would lose its retry timer and its own ACK would be refused).
+    mailbox = Mailbox(page_size=10)
+    mailbox.offer(5, 1)
+    mailbox.offer(5, 2)
+    assert mailbox.take_next() == 1
+    mailbox.send(1, "p1")
+    acking = mailbox.inflight
+    mailbox.gave_up(1)
+    assert mailbox.take_next() == 2
+    mailbox.send(2, "p2")
+    mailbox.acked(acking)
+    assert mailbox.inflight == 2 and mailbox.inflight_payload == "p2"
+    mailbox.acked(2)
+    assert mailbox.inflight is None

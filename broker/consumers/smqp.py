@@ -861,7 +861,7 @@ class SMQPConsumer(AsyncConsumer):
         receipt = payload is None or ack_service.may_want_receipt(payload[2])
         await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,
                                                          mailbox.attempts, receipt), self)
-        mailbox.acked()
+        mailbox.acked(smuid)
         return True
 
     async def _ack_locked(self, smuid: int) -> None:
@@ -887,7 +887,7 @@ class SMQPConsumer(AsyncConsumer):
                 # Its deadline passed in the store before here (or a sweep ended it): the
                 # lock ends now rather than at the next sweep.
                 await self._release_lock(smuid)
-        mailbox.acked()
+        mailbox.acked(smuid)
         if refusal is not None:
             raise refusal
 

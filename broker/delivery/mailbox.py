@@ -212,9 +212,13 @@ class Mailbox:
             self.inflight = self.inflight_payload = self.retry_deadline = None
             self.inflight_locked = False
 
-    def acked(self) -> None:
-        """The ACK of the message in flight is recorded (or, queue mode, refused): nothing is
-        in flight. Its lock, if any, stays until the door unlocks it."""
+    def acked(self, smuid: int | None = None) -> None:
+        """The ACK of the message in flight (``smuid``, when the door read it before awaiting
+        the record) is recorded (or, queue mode, refused): nothing is in flight. If another
+        message went in flight meanwhile (the first gave up while its ACK was being recorded),
+        that one stays. Its lock, if any, stays until the door unlocks it."""
+        if smuid is not None and self.inflight != smuid:
+            return
         self.inflight = self.inflight_payload = self.retry_deadline = None
         self.inflight_locked = False
 
