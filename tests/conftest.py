@@ -115,14 +115,19 @@ def start_listener(env: dict[str, str], var_dir: Path, *extra_args: str,
     raise AssertionError(f"runsmqp did not start:\n{log_path.read_text()}")
 
 
-def stop_listener(broker: BrokerProcess) -> None:
-    if broker.proc.poll() is None:
-        broker.proc.terminate()
+def stop_process(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM (the server's own clean stop), then SIGKILL if it has not ended in time."""
+    if proc.poll() is None:
+        proc.terminate()
         try:
-            broker.proc.wait(timeout=20)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            broker.proc.kill()
-            broker.proc.wait()
+            proc.kill()
+            proc.wait()
+
+
+def stop_listener(broker: BrokerProcess) -> None:
+    stop_process(broker.proc)
 
 
 @contextmanager

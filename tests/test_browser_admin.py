@@ -31,6 +31,7 @@ from tests.conftest import (
     run_manage,
     start_listener,
     stop_listener,
+    stop_process,
 )
 from tests.smqp_client import RawClient
 
@@ -95,11 +96,7 @@ Topic.objects.create(path="/stocks/ibm", parent=stocks)
             time.sleep(0.2)
         yield Stack(http, smqp)
     finally:
-        daphne.terminate()
-        try:
-            daphne.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            daphne.kill()
+        stop_process(daphne)
         stop_listener(smqp)
 
 

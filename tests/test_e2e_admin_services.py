@@ -34,6 +34,7 @@ from tests.conftest import (
     fresh_database,
     listener,
     run_manage,
+    stop_process,
 )
 from tests.smqp_session import Session, smuid_of
 
@@ -85,12 +86,7 @@ def daphne(env: dict[str, str], base: Path) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 class FormFields(HTMLParser):

@@ -14,7 +14,6 @@ message, ACKED. The counts are printed (``-s``) for the record."""
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, accounts_script, fresh_database, listener, run_manage
+from tests.conftest import (
+    ROOT,
+    accounts_script,
+    fresh_database,
+    listener,
+    run_manage,
+    stop_process,
+)
 from tests.queue_clients import ack_answer, smuid_in, store_rows
 from tests.smqp_session import Session, smuid_of
 
@@ -127,12 +133,7 @@ def celery_worker(env: dict[str, str], var: Path):
         try:
             yield log_path
         finally:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+            stop_process(worker, timeout=30)
 
 
 def publish_all(publishers: list[Session]) -> list[int]:

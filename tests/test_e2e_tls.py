@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from tests.conftest import ROOT, accounts_script, fresh_database, run_manage
+from tests.conftest import ROOT, accounts_script, fresh_database, run_manage, stop_process
 from tests.smqp_client import RawClient
 
 
@@ -94,13 +94,7 @@ def launch(env: dict[str, str], var_dir: Path, *args: str,
 
 
 def stop(listener: Listener) -> None:
-    if listener.proc.poll() is None:
-        listener.proc.terminate()
-        try:
-            listener.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            listener.proc.kill()
-            listener.proc.wait()
+    stop_process(listener.proc)
 
 
 @contextmanager
