@@ -12,4 +12,5 @@ class SMQPPBKDF2PasswordHasher(PBKDF2PasswordHasher):
     def __init__(self) -> None:
         configured = getattr(settings, "SMQP_PBKDF2_ITERATIONS", None)
         if configured:
-            self.iterations = int(configured)
+            # SCRAM (RFC 7677, and the scramp library) refuses fewer than 4096 rounds.
+            self.iterations = max(int(configured), 4096)

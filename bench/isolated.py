@@ -119,7 +119,7 @@ def base_env(var_dir: Path, database_url: str) -> dict[str, str]:
         SMQP_CHANNEL_PREFIX=f"smqp-bench-{tag}",
         SMQP_CACHE_PREFIX=f"smqp-bench-cache-{tag}",
         SMQP_SERVER_CONTEXT="bench.example.net",
-        SMQP_PBKDF2_ITERATIONS="2000",
+        SMQP_PBKDF2_ITERATIONS="4096",
         SMQP_SHUTDOWN_GRACE="1",
         PYTHONUNBUFFERED="1",
     )

@@ -267,6 +267,9 @@ SMQP_TLS_PORT = env_int("SMQP_TLS_PORT", 7443)
 SMQP_TLS_CERT = os.environ.get("SMQP_TLS_CERT", "")
 SMQP_TLS_KEY = os.environ.get("SMQP_TLS_KEY", "") or SMQP_TLS_CERT
 SMQP_TLS = bool(SMQP_TLS_CERT)
+# With the same certificate, runbroker's Daphne serves HTTPS (admin, REST, wss:// for XMPP)
+# on this port beside plain HTTP.
+SMQP_HTTPS_PORT = env_int("SMQP_HTTPS_PORT", 8443)
 # The plain TCP listener (SMQP_PORT); SMQP_PLAIN=0 leaves only the TLS one.
 SMQP_PLAIN = env_bool("SMQP_PLAIN", True)
 # CLEAR logins on plain TCP: "yes", "no", or "loopback" (only from a loopback address). Once

@@ -75,7 +75,7 @@ def base_env(var_dir: Path, database_url: str) -> dict[str, str]:
         SMQP_CHANNEL_PREFIX=f"smqp-e2e-{uuid.uuid4().hex[:8]}",
         SMQP_CACHE_PREFIX=f"smqp-e2e-{uuid.uuid4().hex[:8]}",
         SMQP_SERVER_CONTEXT="test.example.net",
-        SMQP_PBKDF2_ITERATIONS="2000",
+        SMQP_PBKDF2_ITERATIONS="4096",
         SMQP_SHUTDOWN_GRACE="1",
         PYTHONUNBUFFERED="1",
     )

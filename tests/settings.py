@@ -6,6 +6,6 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("SMQP_CHANNEL_PREFIX", "smqp-test")
 os.environ.setdefault("SMQP_CACHE_PREFIX", "smqp-test")
 # Fewer PBKDF2 rounds keep hundreds of logins fast; the algorithm and format are unchanged.
-os.environ.setdefault("SMQP_PBKDF2_ITERATIONS", "2000")
+os.environ.setdefault("SMQP_PBKDF2_ITERATIONS", "4096")
 
 from broker.settings import *  # noqa: F403

@@ -10,6 +10,7 @@ function is also tested on its own for the addresses no test host can have.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import random
 import re
@@ -366,7 +367,7 @@ def wait_for(condition, broker: Listener, seconds: float = 15) -> None:
 
 
 def scram_login(client: RawClient, user: str, password: str, method: str,
-                binding: tuple[str, bytes] | None = None) -> list[bytes]:
+                binding: tuple[str, object] | None = None) -> list[bytes]:
     """A SCRAM exchange; returns the final reply (or the refusal)."""
     from accounts.scram import ScramClient
 
@@ -387,10 +388,11 @@ def scram_login(client: RawClient, user: str, password: str, method: str,
     return client.read_reply()
 
 
-def end_point(client: TLSClient) -> tuple[str, bytes]:
-    from accounts.scram import TLS_SERVER_END_POINT, tls_server_end_point
+def end_point(client: TLSClient) -> tuple[str, object]:
+    """Bind to the connection: scramp hashes the certificate the server presented."""
+    from accounts.scram import TLS_SERVER_END_POINT
 
-    return TLS_SERVER_END_POINT, tls_server_end_point(client.sock.getpeercert(binary_form=True))
+    return TLS_SERVER_END_POINT, client.sock
 
 
 def test_scram_sha_256_plus_login_over_smqps(tls_broker, ca) -> None:
@@ -402,11 +404,11 @@ def test_scram_sha_256_plus_login_over_smqps(tls_broker, ca) -> None:
 def test_scram_plus_bound_to_another_certificate_fails(tls_broker, ca) -> None:
     other = trustme.CA().issue_cert("localhost").cert_chain_pems[0].bytes()
     data = ssl.PEM_cert_to_DER_cert(other.decode())
-    from accounts.scram import TLS_SERVER_END_POINT, tls_server_end_point
+    from accounts.scram import TLS_SERVER_END_POINT
 
     with TLSClient("127.0.0.1", tls_broker.ports["SMQPS"], client_context(ca)) as client:
         reply = scram_login(client, "bob", "pw", "SCRAM-SHA-256-PLUS",
-                            (TLS_SERVER_END_POINT, tls_server_end_point(data)))
+                            (TLS_SERVER_END_POINT, hashlib.sha256(data).digest()))
         assert reply == [b"401 Unauthorized\r\n"]
 
 
@@ -443,6 +445,78 @@ def test_scram_session_changes_its_password_over_smqps(tls_env, ca) -> None:
                                end_point(client))[-1].startswith(b"200 Guid:")
 
 
+def scram_password_change(client: RawClient, user: str, old: str, new: str,
+                          method: str = "SCRAM-SHA-256",
+                          binding: tuple[str, object] | None = None) -> list[bytes]:
+    """SET LOGIN PASSWORD over SCRAM: prove ``old``, then send ``new`` as a salted key."""
+    from accounts.scram import ScramClient, password_verifier
+
+    reply = client.command(f"SET LOGIN PASSWORD {method}/1.0")
+    if reply[-1] != b"200 + \r\n":  # after 200-OK
+        return reply
+    scram = ScramClient(user, old, channel_binding=binding)
+    client.send_line(base64.b64encode(scram.first()).decode())
+    challenge = client.read_line()
+    if not challenge.startswith(b"+ "):
+        return [challenge]
+    client.send_line(base64.b64encode(scram.final(base64.b64decode(challenge[2:]))).decode())
+    line = client.read_line()
+    if not line.startswith(b"+ "):
+        return [line]
+    scram.verify(base64.b64decode(line[2:]))
+    client.send_line(password_verifier(new, 4096).decode())
+    return client.read_reply()
+
+
+def test_scram_password_change_over_smqps(tls_env, ca) -> None:
+    """The new password never crosses the wire: the old one is proved by SCRAM (bound to the
+    certificate), the new one sent as its salted key; CLEAR and SCRAM logins then take it."""
+    env, base = tls_env
+    run_manage(env, "shell", "--no-imports", "-c", accounts_script("dave"))
+    with running(env, base, "--host", "127.0.0.1", "--port", "0", "--tls-port", "0") as broker:
+        port = broker.ports["SMQPS"]
+        with TLSClient("127.0.0.1", port, client_context(ca)) as client:
+            assert scram_login(client, "dave", "pw", "SCRAM-SHA-256")[-1].startswith(b"200 Guid:")
+            # A wrong old password: 401, the session stays, nothing changes.
+            assert scram_password_change(client, "dave", "not-pw", "x1-New-pw") == [
+                b"401 Unauthorized\r\n"]
+            assert scram_password_change(client, "dave", "pw", "n3w-Secret-pw",
+                                         "SCRAM-SHA-256-PLUS", end_point(client)) == [
+                b"200 OK\r\n"]
+        with TLSClient("127.0.0.1", port, client_context(ca)) as client:
+            assert clear_login(client, "dave", "pw")[-1].startswith(b"401")
+        with TLSClient("127.0.0.1", port, client_context(ca)) as client:
+            assert clear_login(client, "dave", "n3w-Secret-pw")[-1].startswith(b"200 Guid:")
+            # A malformed new-password line: 400, and the password stays as it is.
+            assert client.command("SET LOGIN PASSWORD SCRAM-SHA-256/1.0")[-1] == b"200 + \r\n"
+            from accounts.scram import ScramClient
+
+            scram = ScramClient("dave", "n3w-Secret-pw")
+            client.send_line(base64.b64encode(scram.first()).decode())
+            challenge = client.read_line()
+            client.send_line(base64.b64encode(
+                scram.final(base64.b64decode(challenge[2:]))).decode())
+            assert client.read_line().startswith(b"+ ")
+            client.send_line("s=short,i=4096,p=AAAA")
+            assert client.read_reply()[-1].startswith(b"400 ")
+        with TLSClient("127.0.0.1", port, client_context(ca)) as client:
+            assert scram_login(client, "dave", "n3w-Secret-pw",
+                               "SCRAM-SHA-256")[-1].startswith(b"200 Guid:")
+
+
+def test_scram_password_change_on_plain_follows_the_clear_rule(tls_env) -> None:
+    env, base = tls_env
+    run_manage(env, "shell", "--no-imports", "-c", accounts_script("erin"))
+    with running({**env, "SMQP_CLEAR_ON_PLAIN": "no"}, base, "--host", "127.0.0.1",
+                 "--port", "0", "--tls-port", "0") as broker, \
+            RawClient("127.0.0.1", broker.ports["SMQP"]) as client:
+        assert scram_login(client, "erin", "pw", "SCRAM-SHA-256")[-1].startswith(b"200 Guid:")
+        assert client.command("SET LOGIN PASSWORD SCRAM-SHA-256/1.0")[-1].startswith(b"405 ")
+        # PLUS needs TLS: not offered on plain TCP at all.
+        assert client.command("SET LOGIN PASSWORD SCRAM-SHA-256-PLUS/1.0")[-1].startswith(
+            b"405 ")
+
+
 def test_password_change_on_plain_follows_the_clear_rule(tls_env) -> None:
     env, base = tls_env
     with running({**env, "SMQP_CLEAR_ON_PLAIN": "no"}, base, "--host", "127.0.0.1",
@@ -454,3 +528,64 @@ def test_password_change_on_plain_follows_the_clear_rule(tls_env) -> None:
     with running(env, base, "--host", "127.0.0.1", "--port", "0", "--tls-port", "0") as broker, \
             RawClient("127.0.0.1", broker.ports["SMQP"]) as client:
         assert clear_login(client, "bob", "pw")[-1].startswith(b"200 Guid:")  # unchanged
+
+
+# --- HTTPS and wss:// through Daphne (runbroker) ------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_runbroker_serves_https_with_the_smqps_certificate(tls_env, ca) -> None:
+    """With SMQP_TLS_CERT set, runbroker's Daphne serves the admin over HTTPS (TLS 1.2+) with
+    the same certificate, beside plain HTTP."""
+    env, base = tls_env
+    ports = {name: _free_port() for name in ("http", "https", "smqp", "smqps", "qqp", "qqps")}
+    log_path = base / f"runbroker-{uuid.uuid4().hex[:6]}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runbroker", "--no-celery",
+             "--http-port", str(ports["http"]), "--https-port", str(ports["https"]),
+             "--smqp-host", "127.0.0.1", "--smqp-port", str(ports["smqp"]),
+             "--smqp-tls-port", str(ports["smqps"]), "--qqp-port", str(ports["qqp"])],
+            env={**env, "SMQP_QQP_TLS_PORT": str(ports["qqps"])}, cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT)
+    try:
+        context = client_context(ca)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", ports["https"]), timeout=5) as raw, \
+                        context.wrap_socket(raw, server_hostname="localhost") as tls:
+                    tls.sendall(b"GET /admin/login/ HTTP/1.1\r\nHost: localhost\r\n"
+                                b"Connection: close\r\n\r\n")
+                    page = b""
+                    while chunk := tls.recv(65536):
+                        page += chunk
+                break
+            except OSError:
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.2)
+        assert page.startswith(b"HTTP/1.1 200"), page[:200]
+        assert b"csrfmiddlewaretoken" in page
+        assert f"HTTPS and wss:// on 127.0.0.1:{ports['https']}" in log_path.read_text()
+        # A client willing to do TLS 1.1 (its own security level lowered): Daphne refuses.
+        old = client_context(ca)
+        old.set_ciphers("DEFAULT:@SECLEVEL=0")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            old.minimum_version = ssl.TLSVersion.TLSv1
+            old.maximum_version = ssl.TLSVersion.TLSv1_1
+        with socket.create_connection(("127.0.0.1", ports["https"]), timeout=5) as raw, \
+                pytest.raises(ssl.SSLError, match=r"ALERT_PROTOCOL_VERSION|UNEXPECTED_EOF"):
+            old.wrap_socket(raw, server_hostname="localhost")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,4 +1,4 @@
-"""SCRAM-SHA-256 (accounts.scram): RFC 7677 vector, Django hashes, failures, fuzzing.
+"""SCRAM-SHA-256 (accounts.scram over scramp): RFC 7677 vector, Django hashes, failures, fuzzing.
 
 No database: Django settings (for ``make_password``) come from pytest-django.
 """
@@ -39,7 +39,7 @@ RFC_CLIENT_FINAL = (
 RFC_SERVER_FINAL = b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
 
 SECRET = b"test dummy secret"
-ITERATIONS = 2000
+ITERATIONS = 4096  # RFC 7677's minimum, which scramp enforces
 
 
 def make_lookup(accounts: dict[str, ScramCredentials]):
@@ -83,7 +83,7 @@ def client_final_for(
 
 @pytest.fixture(scope="module")
 def alice() -> ScramCredentials:
-    return ScramCredentials.from_password("correct horse", b"alicesalt", ITERATIONS)
+    return ScramCredentials.from_password("correct horse", b"alicesalt123", ITERATIONS)
 
 
 def started(accounts: dict[str, ScramCredentials], username: str, password: str, **kw):
@@ -124,7 +124,7 @@ def test_client_rejects_wrong_server_signature() -> None:
     client = ScramClient("user", "pencil", nonce=RFC_CLIENT_NONCE)
     client.first()
     client.final(RFC_SERVER_FIRST)
-    with pytest.raises(ScramError, match="server signature mismatch"):
+    with pytest.raises(ScramError, match="server signature"):
         client.verify(b"v=" + base64.b64encode(b"\0" * 32))
 
 
@@ -132,7 +132,7 @@ def test_client_reports_server_error() -> None:
     client = ScramClient("user", "pencil", nonce=RFC_CLIENT_NONCE)
     client.first()
     client.final(RFC_SERVER_FIRST)
-    with pytest.raises(ScramError, match="server error: invalid-proof"):
+    with pytest.raises(ScramError, match="returned an error: invalid-proof"):
         client.verify(b"e=invalid-proof")
 
 
@@ -161,7 +161,7 @@ def test_client_rejects_bad_server_first(server_first: bytes) -> None:
 
 
 def test_from_django_hash_matches_from_password() -> None:
-    # The project's default hasher (tests.settings: SMQP_PBKDF2_ITERATIONS=2000).
+    # The project's default hasher (tests.settings: SMQP_PBKDF2_ITERATIONS=4096).
     encoded = make_password("s3cret pässword", "fixedsalt123")
     algorithm, iterations, salt, _ = encoded.split("$")
     assert (algorithm, int(iterations), salt) == ("pbkdf2_sha256", ITERATIONS, "fixedsalt123")
@@ -277,7 +277,9 @@ def test_dummy_credentials_are_deterministic() -> None:
     assert a == dummy_credentials("mallory", SECRET)
     assert a.salt != dummy_credentials("mallory2", SECRET).salt
     assert a.salt != dummy_credentials("mallory", b"other secret").salt
-    assert dummy_credentials("mallory", SECRET, iterations=1234).iterations == 1234
+    assert dummy_credentials("mallory", SECRET, iterations=10_000).iterations == 10_000
+    # Below RFC 7677's minimum the fake would be told apart (scramp refuses it): raised.
+    assert dummy_credentials("mallory", SECRET, iterations=1234).iterations == ITERATIONS
 
 
 def test_unknown_account_is_offered_a_stable_salt() -> None:
@@ -297,7 +299,7 @@ def test_unknown_account_fails_even_if_proof_matches_dummy_keys(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Should a proof ever match the fake keys, an unknown account is still refused."""
-    known = ScramCredentials.from_password("pw", b"salt", ITERATIONS)
+    known = ScramCredentials.from_password("pw", b"salt12345678", ITERATIONS)
     monkeypatch.setattr("accounts.scram.dummy_credentials", lambda *args, **kwargs: known)
     server, client, server_first = started({}, "ghost", "pw")
     with pytest.raises(ScramError, match=f"^{AUTH_FAILED}$"):
@@ -311,7 +313,7 @@ def test_tampered_nonce(alice: ScramCredentials) -> None:
     server, client, server_first = started({"alice": alice}, "alice", "correct horse")
     final = client.final(server_first)
     nonce = server_first.split(b",")[0][2:]
-    with pytest.raises(ScramError, match="nonce mismatch"):
+    with pytest.raises(ScramError, match="nonce doesn't match"):
         server.step(final.replace(nonce, nonce[:-1] + (b"A" if nonce[-1:] != b"A" else b"B")))
 
 
@@ -319,7 +321,7 @@ def test_client_final_nonce_must_be_whole(alice: ScramCredentials) -> None:
     server, client, server_first = started({"alice": alice}, "alice", "correct horse")
     final = client.final(server_first)
     nonce = server_first.split(b",")[0][2:]
-    with pytest.raises(ScramError, match="nonce mismatch"):
+    with pytest.raises(ScramError, match="nonce doesn't match"):
         server.step(final.replace(nonce, nonce[:20]))
 
 
@@ -328,7 +330,7 @@ def test_tampered_channel_binding(alice: ScramCredentials, cbind: bytes) -> None
     server, client, server_first = started({"alice": alice}, "alice", "correct horse")
     final = client.final(server_first)
     assert final.startswith(b"c=biws,")
-    with pytest.raises(ScramError, match="channel binding mismatch"):
+    with pytest.raises(ScramError, match=r"channel-bindings-dont-match|Malformed"):
         server.step(b"c=" + cbind + final[len(b"c=biws") :])
 
 
@@ -348,7 +350,7 @@ def test_short_proof(alice: ScramCredentials, length: int) -> None:
     bare = b"n=alice,r=nonce"
     server_first = server.step(b"n,," + bare)
     final = client_final_for(bare, server_first, "correct horse", b"n,,", proof_len=length)
-    with pytest.raises(ScramError, match=f"^{AUTH_FAILED}$"):
+    with pytest.raises(ScramError, match=f"^{AUTH_FAILED}$|Malformed"):
         server.step(final)
 
 
@@ -366,30 +368,24 @@ def test_y_flag_rejects_n_binding(alice: ScramCredentials) -> None:
     server = make_server({"alice": alice})
     bare = b"n=alice,r=nonce"
     server_first = server.step(b"y,," + bare)
-    with pytest.raises(ScramError, match="channel binding mismatch"):
+    with pytest.raises(ScramError, match="channel-bindings-dont-match"):
         server.step(client_final_for(bare, server_first, "correct horse", b"n,,"))
 
 
-def test_matching_authzid_accepted(alice: ScramCredentials) -> None:
-    server = make_server({"alice": alice})
-    bare = b"n=alice,r=nonce"
-    server_first = server.step(b"n,a=alice," + bare)
-    server.step(client_final_for(bare, server_first, "correct horse", b"n,a=alice,"))
-    assert server.authenticated
-
-
-def test_different_authzid_rejected(alice: ScramCredentials) -> None:
-    with pytest.raises(ScramError, match="authorization identity"):
-        make_server({"alice": alice}).step(b"n,a=root,n=alice,r=nonce")
+@pytest.mark.parametrize("authzid", [b"alice", b"root"])
+def test_authzid_refused(alice: ScramCredentials, authzid: bytes) -> None:
+    # No proxy authorization in the broker: scramp refuses any authzid, even the own name.
+    with pytest.raises(ScramError, match="authzid must be empty"):
+        make_server({"alice": alice}).step(b"n,a=" + authzid + b",n=alice,r=nonce")
 
 
 def test_channel_binding_not_supported() -> None:
-    with pytest.raises(ScramError, match=r"^channel binding not supported$"):
+    with pytest.raises(ScramError, match=r"^channel-binding-not-supported"):
         make_server({}).step(b"p=tls-server-end-point,,n=alice,r=nonce")
 
 
 def test_mandatory_extension_rejected() -> None:
-    with pytest.raises(ScramError, match="mandatory extensions"):
+    with pytest.raises(ScramError, match="extensions-not-supported"):
         make_server({}).step(b"n,,m=ext,n=alice,r=nonce")
 
 
@@ -498,7 +494,7 @@ def test_client_state_errors() -> None:
 
 @pytest.mark.parametrize("username", ["a,b", "a=b", "=2C", ",=,=", "x=3Dy", "ünï,cødé="])
 def test_username_escaping_round_trip(username: str) -> None:
-    creds = ScramCredentials.from_password("pw", b"salt", ITERATIONS)
+    creds = ScramCredentials.from_password("pw", b"salt12345678", ITERATIONS)
     lookup = make_lookup({username: creds})
     server = ScramServer(lookup, dummy_secret=SECRET, dummy_iterations=ITERATIONS)
     client = ScramClient(username, "pw")
@@ -521,11 +517,12 @@ _FUZZ_SETTINGS = settings(
 )
 _SCRAM_ALPHABET = st.sampled_from(list(b"nyparcsvmie=,2CD3AZbiws+/\x00\xff\xc3 "))
 _SCRAMMY = st.lists(_SCRAM_ALPHABET, max_size=60).map(bytes)
-_FUZZ_CREDS = ScramCredentials.from_password("pw", b"salt", 1)
+_FUZZ_CREDS = ScramCredentials.from_password("pw", b"salt12345678", ITERATIONS)
 
 
 def _fuzz_server() -> ScramServer:
-    return ScramServer(make_lookup({"alice": _FUZZ_CREDS}), dummy_secret=SECRET, dummy_iterations=1)
+    return ScramServer(make_lookup({"alice": _FUZZ_CREDS}), dummy_secret=SECRET,
+                       dummy_iterations=ITERATIONS)
 
 
 def _after_first(username: bytes = b"alice") -> ScramServer:

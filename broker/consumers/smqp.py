@@ -143,6 +143,10 @@ class SMQPConsumer(AsyncConsumer):
         self.pending_login: tuple[str, str] | None = None  # (username, method/version)
         self.scram: ScramServer | None = None
         self.password_change_pending = False
+        # SET LOGIN PASSWORD SCRAM-SHA-256: the exchange proves the old password, then one more
+        # raw line carries the new one (``new_verifier_pending``).
+        self.password_change_scram = False
+        self.new_verifier_pending = False
         self.suspended = False
         self._held: list[bytes] = []
         # Delivery: what waits, is in flight, is retried lives in the mailbox; this door
@@ -406,6 +410,11 @@ class SMQPConsumer(AsyncConsumer):
         """One client line of a SCRAM-SHA-256(-PLUS) exchange (base64). The server answers
         ``+ <base64 server-first>``; after the client-final it sends ``+ <base64
         server-final>`` followed at once by the login reply (or 401)."""
+        if self.new_verifier_pending:
+            self.new_verifier_pending = False
+            await self._call(account_service.set_password_verifier, self.account, cmd.text.strip())
+            self.reply(200, "OK")
+            return
         exchange, self.scram = self.scram, None
         if exchange is None or self.pending_login is None:
             self.reply(400, "Bad request (no authentication exchange in progress)")
@@ -423,6 +432,7 @@ class SMQPConsumer(AsyncConsumer):
                 raise ScramError("authentication failed")
         except (ScramError, ValueError):
             self.pending_login = None
+            self.password_change_scram = False
             await dbthread.run(auth_service.record_failure, self.peer_host, username)
             self.reply(401, "Unauthorized")
             return
@@ -432,6 +442,12 @@ class SMQPConsumer(AsyncConsumer):
             self.codec.expect_raw_line()
             return
         self.pending_login = None
+        if self.password_change_scram:
+            # Old password proved: the next line is the new one (s=..,i=..,p=..).
+            self.password_change_scram = False
+            self.new_verifier_pending = True
+            self.codec.expect_raw_line()
+            return
         account = await dbthread.run(auth_service.find_account, username)
         if account is None:  # removed in the middle of the exchange
             self.reply(401, "Unauthorized")
@@ -586,6 +602,20 @@ class SMQPConsumer(AsyncConsumer):
     async def cmd_set_login(self, cmd: c.SetLogin) -> None:
         if cmd.field == "PASSWORD":
             method = cmd.value.partition("/")[0].upper()
+            tls = self.scope.get("tls")
+            if method in auth_service.SCRAM_METHODS and auth_service.is_supported_method(
+                    method, tls is not None):
+                # The new password's salted key crosses the wire as CLEAR's PASS does.
+                if not auth_service.clear_allowed(tls is not None, self.peer_host):
+                    self.reply(405, "Not allowed (new password on plain TCP; use SMQPS)")
+                    return
+                self.pending_login = (self.account.username, f"{method}/1.0")
+                self.password_change_scram = True
+                self.scram = auth_service.scram_server(
+                    tls["server_cert"] if tls else None, plus=method == "SCRAM-SHA-256-PLUS")
+                self.reply(200, "OK", "+ ")
+                self.codec.expect_raw_line()
+                return
             if method != "CLEAR":
                 self.reply(405, "Not allowed (authentication method)")
                 return

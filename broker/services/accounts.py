@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
+
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 
+from accounts import scram
 from accounts.models import Account
 from topics import paths
 from topics.models import Topic
@@ -48,6 +53,41 @@ def change_password(account: Account, old: str, new: str) -> None:
     fresh.set_password(new)
     fresh.save(update_fields=["password"])
     account.password = fresh.password
+
+
+_VERIFIER_SALT = re.compile(r"[A-Za-z0-9]{12,128}")  # shaped like Django's own salts
+_MAX_ITERATIONS = 10_000_000  # scramp's ceiling
+
+
+def parse_password_verifier(text: str) -> tuple[str, int, bytes]:
+    """``s=<salt>,i=<iterations>,p=<base64 SaltedPassword>``: the new password of a
+    SCRAM password change, as PBKDF2-HMAC-SHA256 material (400 if malformed)."""
+    try:
+        fields = dict(part.split("=", 1) for part in text.split(","))
+        salt, iterations_text, salted_b64 = fields["s"], fields["i"], fields["p"]
+        salted = base64.b64decode(salted_b64, validate=True)
+    except (ValueError, KeyError, binascii.Error):
+        raise bad_request("new password: expected s=<salt>,i=<iterations>,p=<key>") from None
+    if len(fields) != 3 or not _VERIFIER_SALT.fullmatch(salt):
+        raise bad_request("new password: salt must be 12 to 128 letters and digits")
+    if not iterations_text.isdigit() or not (
+            scram.django_default_iterations() <= int(iterations_text) <= _MAX_ITERATIONS):
+        raise bad_request("new password: iteration count below the server's or too high")
+    if len(salted) != 32:
+        raise bad_request("new password: the key must be 32 bytes (SHA-256)")
+    return salt, int(iterations_text), salted
+
+
+@transaction.atomic
+def set_password_verifier(account: Account, text: str) -> None:
+    """SET LOGIN PASSWORD SCRAM-SHA-256/1.0: after the session proved the old password with a
+    SCRAM exchange, store the new one from its salted form. The plaintext never reaches the
+    server, so password validators cannot run here (the draft leaves password rules to the
+    client); the stored hash is the Django one CLEAR logins check too."""
+    salt, iterations, salted = parse_password_verifier(text)
+    encoded = f"pbkdf2_sha256${iterations}${salt}${base64.b64encode(salted).decode('ascii')}"
+    Account.objects.filter(pk=account.pk).update(password=encoded)
+    account.password = encoded
 
 
 # --------------------------------------------------------------------------- account topics

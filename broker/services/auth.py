@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
+import ssl
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -82,8 +83,9 @@ def check_clear_password(username: str, password: str) -> Account | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _end_point(server_cert: bytes) -> bytes:
-    return scram.tls_server_end_point(server_cert)
+def _certificate_pem(server_cert: bytes) -> str:
+    """scramp computes the ``tls-server-end-point`` hash itself, from the PEM form."""
+    return ssl.DER_cert_to_PEM_cert(server_cert)
 
 
 def scram_server(server_cert: bytes | None = None, *, plus: bool = False) -> scram.ScramServer:
@@ -105,7 +107,7 @@ def scram_server(server_cert: bytes | None = None, *, plus: bool = False) -> scr
         dummy_iterations=scram.django_default_iterations(),
         dummy_key=str.casefold,
         channel_binding=(
-            (scram.TLS_SERVER_END_POINT, _end_point(server_cert)) if server_cert else None),
+            (scram.TLS_SERVER_END_POINT, _certificate_pem(server_cert)) if server_cert else None),
         require_binding=plus,
     )
 

@@ -19,6 +19,20 @@ from django.core.management.base import BaseCommand, CommandError
 from .runsmqp import PRIVILEGED_PORT_HELP
 
 
+def _endpoint_escape(value: str) -> str:
+    """Twisted endpoint strings separate with ':' and '='; a backslash escapes them."""
+    return value.replace("\\", "\\\\").replace(":", "\\:").replace("=", "\\=")
+
+
+def https_endpoint(host: str, port: int) -> str:
+    """Daphne's TLS endpoint (Twisted ``ssl:``) with the SMQPS certificate and key. OpenSSL 3's
+    default security level already refuses TLS 1.0/1.1, as SMQPS does. Daphne reads the files
+    once: SIGHUP reloads SMQPS and QQPS only (see the README)."""
+    return (f"ssl:port={port}:interface={_endpoint_escape(host)}"
+            f":privateKey={_endpoint_escape(settings.SMQP_TLS_KEY)}"
+            f":certKey={_endpoint_escape(settings.SMQP_TLS_CERT)}")
+
+
 class Command(BaseCommand):
     help = ("Run Daphne, the SMQP listener, the QQP listener, a Celery worker and Celery beat "
             "together.")
@@ -34,6 +48,8 @@ class Command(BaseCommand):
                             help="SMQPS port, served when SMQP_TLS_CERT is set.")
         parser.add_argument("--qqp-port", type=int, default=settings.SMQP_QQP_PORT,
                             help="QQP port (and QQPS on SMQP_QQP_TLS_PORT with SMQP_TLS_CERT).")
+        parser.add_argument("--https-port", type=int, default=settings.SMQP_HTTPS_PORT,
+                            help="HTTPS and wss:// port when SMQP_TLS_CERT is set (8443).")
         parser.add_argument("--no-celery", action="store_true", help="Start no Celery processes.")
 
     def handle(self, *args, **opts) -> None:
@@ -42,6 +58,8 @@ class Command(BaseCommand):
         if settings.SMQP_TLS:
             self._check_bind(opts["smqp_host"], opts["smqp_tls_port"])
         self._check_bind(opts["http_host"], opts["http_port"])
+        if settings.SMQP_TLS:
+            self._check_bind(opts["http_host"], opts["https_port"])
         self._check_bind(opts["smqp_host"], opts["qqp_port"])
         python = sys.executable
         manage = [python, str(settings.BASE_DIR / "manage.py")]
@@ -49,6 +67,8 @@ class Command(BaseCommand):
         children: dict[str, list[str]] = {
             "daphne": [
                 python, "-m", "daphne", "-b", opts["http_host"], "-p", str(opts["http_port"]),
+                *(["-e", https_endpoint(opts["http_host"], opts["https_port"])]
+                  if settings.SMQP_TLS else []),
                 "broker.asgi:application",
             ],
             "smqp": [
@@ -96,13 +116,16 @@ class Command(BaseCommand):
             if settings.SMQP_TLS:
                 smqp.append(f"SMQPS on {opts['smqp_host']}:{opts['smqp_tls_port']}")
             smqp.append(f"QQP on {opts['smqp_host']}:{opts['qqp_port']}")
+            if settings.SMQP_TLS:
+                smqp.append(f"HTTPS and wss:// on {opts['http_host']}:{opts['https_port']}")
             self.stdout.write(
                 f"Broker running: admin at http://{opts['http_host']}:{opts['http_port']}/admin/,"
                 f" {', '.join(smqp)}. Ctrl-C stops."
             )
             if not settings.SMQP_TLS:
-                self.stdout.write("SMQPS (TLS) is off: set SMQP_TLS_CERT and SMQP_TLS_KEY (PEM "
-                                  "files) to serve it on SMQP_TLS_PORT (7443).")
+                self.stdout.write("TLS is off: set SMQP_TLS_CERT and SMQP_TLS_KEY (PEM files) to "
+                                  "serve SMQPS on SMQP_TLS_PORT (7443), QQPS, and HTTPS/wss:// "
+                                  "on SMQP_HTTPS_PORT (8443).")
             sys.stdout.flush()
             while not stopping:
                 for name, proc in procs.items():
