@@ -106,7 +106,7 @@ def test_get_and_topics(broker):
     smuid = json.loads(pub.stdout)["smuid"]
     got = smqp(cli_env(broker, "bob"), "get", "/news", str(smuid))
     assert got.returncode == 0, got.stderr
-    assert "kept" in got.stdout and f"smuid " in got.stdout
+    assert "kept" in got.stdout and "smuid " in got.stdout
     as_json = smqp(cli_env(broker, "bob"), "get", "/news", str(smuid), "--json")
     [message] = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert message["sections"][0]["text"] == "kept"
