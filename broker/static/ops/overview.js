@@ -106,7 +106,7 @@
       } else if (!d.republishable) {
         action.textContent = "still " + d.message_state;
       }
-      tr.append(el("td", {}, d.smuid), topic, el("td", {}, d.account), el("td", { class: "num" }, d.attempts),
+      tr.append(el("td", {}, d.smuid), topic, el("td", {}, d.account), el("td", { class: "num" }, d.attempts || "–"),
         el("td", {}, d.at ? d.at.slice(0, 19).replace("T", " ") : ""), action);
       return tr;
     }) : [(() => { const tr = el("tr"); tr.append(el("td", { colspan: 6 }, "No dead letters.")); return tr; })()];
