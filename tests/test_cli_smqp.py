@@ -225,3 +225,13 @@ def test_console_script_is_declared():
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
+
+
+def test_shell_reads_a_pipe(broker, tmp_path):
+    """The README's first step: lines piped into ``smqp shell`` (no terminal)."""
+    result = smqp(cli_env(broker, "root", tmp_path), "shell",
+                  stdin="CREATE TOPIC /piped\nLIST TOPIC /\n")
+    assert result.returncode == 0, result.stderr
+    assert "/piped" in result.stdout  # LIST TOPIC's reply, printed
+    listed = smqp(cli_env(broker, "root"), "topics", "--json")
+    assert "/piped" in json.loads(listed.stdout)["topics"]

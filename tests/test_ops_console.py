@@ -126,3 +126,26 @@ def test_fuzz_metrics_auth(client, header, addr):
                            SMQP_METRICS_ALLOW="loopback"):
         reply = client.get("/metrics", HTTP_AUTHORIZATION=header, REMOTE_ADDR=addr)
     assert reply.status_code in (200, 403)
+
+
+def test_redis_away_the_store_figures_still_show(admin_client, news, monkeypatch):
+    """The listeners' counters live in Redis; without it the overview and /metrics still
+    answer with what the store holds, and say the counters are missing."""
+    import redis
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from broker.store import opsmetrics
+
+    def down(*args, **kwargs):
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(opsmetrics, "totals", down)
+    monkeypatch.setattr(opsmetrics, "series", down)
+    snap = admin_client.get("/admin/ops/overview.json").json()
+    assert snap["counters_unavailable"].startswith("Redis: ")
+    assert snap["rates"]["minutes"]["publish"] == [0] * 60
+    assert snap["sessions"] == {"total": 0, "by_door": {}}
+    names = {f.name: f for f in text_string_to_metric_families(
+        admin_client.get("/metrics").content.decode())}
+    assert names["smqp_counters_up"].samples[0].value == 0
+    assert "smqp_sessions" in names and "smqp_messages" not in names

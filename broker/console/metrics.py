@@ -13,6 +13,7 @@ import hmac
 import ipaddress
 from collections.abc import Iterator
 
+import redis
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
@@ -31,7 +32,21 @@ from broker.store import opsmetrics
 
 class BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        totals = opsmetrics.totals()
+        # Redis away: the store's figures are still served; the listeners' counters are not
+        # (left out rather than shown as 0, which a rate() would take for a reset).
+        try:
+            totals = opsmetrics.totals()
+            listeners = opsmetrics.listeners()
+            up = 1
+        except redis.RedisError:
+            totals, listeners, up = {}, [], 0
+        yield GaugeMetricFamily("smqp_counters_up", "1 when the listeners' counters (Redis) "
+                                "could be read for this scrape.", value=up)
+        yield from self._store_figures()
+        if up:
+            yield from self._counted(totals, listeners)
+
+    def _counted(self, totals: dict[str, float], listeners: list[dict]) -> Iterator[Metric]:
         messages = CounterMetricFamily(
             "smqp_messages", "Messages published (committed), delivered (NOTIFY MESSAGE "
             "sent) and acknowledged (ACK committed), counted by the listeners.",
@@ -56,26 +71,6 @@ class BrokerCollector(Collector):
         yield latency
         yield failures
 
-        stored = GaugeMetricFamily("smqp_queue_messages",
-                                   "Messages stored on a topic, not yet expired.",
-                                   labels=["topic"])
-        deliveries = GaugeMetricFamily(
-            "smqp_queue_deliveries", "Deliveries of a topic's messages by state: pending "
-            "(waiting), locked (queue mode, with a session), dead (retries spent).",
-            labels=["topic", "state"])
-        for row in stats.depths(limit=None):
-            stored.add_metric([row["path"]], row["messages"])
-            for state in ("pending", "locked", "dead"):
-                deliveries.add_metric([row["path"], state], row[state])
-        yield stored
-        yield deliveries
-
-        sessions = GaugeMetricFamily("smqp_sessions", "Live sessions by door.", labels=["door"])
-        for door, n in sorted(stats.sessions_by_door().items()):
-            sessions.add_metric([door], n)
-        yield sessions
-
-        listeners = opsmetrics.listeners()
         yield GaugeMetricFamily("smqp_listeners", "Listener processes reporting.",
                                 value=len(listeners))
         up = GaugeMetricFamily("smqp_storage_process_up",
@@ -96,6 +91,26 @@ class BrokerCollector(Collector):
         yield up
         yield starts
         yield waiting
+
+    def _store_figures(self) -> Iterator[Metric]:
+        stored = GaugeMetricFamily("smqp_queue_messages",
+                                   "Messages stored on a topic, not yet expired.",
+                                   labels=["topic"])
+        deliveries = GaugeMetricFamily(
+            "smqp_queue_deliveries", "Deliveries of a topic's messages by state: pending "
+            "(waiting), locked (queue mode, with a session), dead (retries spent).",
+            labels=["topic", "state"])
+        for row in stats.depths(limit=None):
+            stored.add_metric([row["path"]], row["messages"])
+            for state in ("pending", "locked", "dead"):
+                deliveries.add_metric([row["path"], state], row[state])
+        yield stored
+        yield deliveries
+
+        sessions = GaugeMetricFamily("smqp_sessions", "Live sessions by door.", labels=["door"])
+        for door, n in sorted(stats.sessions_by_door().items()):
+            sessions.add_metric([door], n)
+        yield sessions
 
 
 def _allowed(request: HttpRequest) -> bool:

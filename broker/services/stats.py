@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import redis
 from django.apps import apps
 from django.db.models import Count
 from django.db.models.functions import TruncMinute
@@ -200,20 +201,39 @@ def snapshot() -> dict:
                          "storage_processes": [{"name", "pid", "alive", "waiting",
                                                 "starts"}]}],
           "links": None | [],                # None: no federation installed
-        }
+          "counters_unavailable": None | "Redis: ...",  # then rates, totals, group
+        }                                    # commits are 0 and listeners empty
     """
-    totals = opsmetrics.totals()
     by_door = sessions_by_door()
+    try:
+        totals = opsmetrics.totals()
+        counted = {"rates": rates(), "listeners": opsmetrics.listeners(),
+                   "counters_unavailable": None}
+    except redis.RedisError as exc:  # the store's figures still stand; the counters wait
+        totals = {}
+        counted = {"rates": empty_rates(), "listeners": [],
+                   "counters_unavailable": f"Redis: {exc}"}
     return {
         "generated": timezone.now().isoformat(),
-        "rates": rates(),
+        **counted,
         "totals": message_totals(totals),
         "topics": depths(),
         "sessions": {"total": sum(by_door.values()), "by_door": by_door},
         "dead_letters": dead_letters(),
         "group_commits": group_commits(totals),
-        "listeners": opsmetrics.listeners(),
         "links": links(),
+    }
+
+
+def empty_rates(now: float | None = None) -> dict:
+    """:func:`rates` with every count 0 (the counters cannot be read)."""
+    now = time.time() if now is None else now
+    zero = {kind: [0] * MINUTES for kind in opsmetrics.RATE_KINDS}
+    return {
+        "minutes": {"start": _iso((int(now // 60) - MINUTES + 1) * 60), "step_seconds": 60,
+                    **zero},
+        "hours": {"start": _iso((int(now // 3600) - HOURS + 1) * 3600), "step_seconds": 3600,
+                  **{kind: [0] * HOURS for kind in opsmetrics.RATE_KINDS}},
     }
 
 

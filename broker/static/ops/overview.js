@@ -130,7 +130,8 @@
     const links = document.getElementById("ops-links-section");
     links.hidden = s.links === null;
 
-    document.getElementById("ops-updated").textContent = "updated " + s.generated.slice(11, 19) + " UTC";
+    document.getElementById("ops-updated").textContent = "updated " + s.generated.slice(11, 19) + " UTC" +
+      (s.counters_unavailable ? " (rates unavailable: " + s.counters_unavailable + ")" : "");
     root.dataset.generated = s.generated;
   }
 
