@@ -45,7 +45,7 @@ class Connection:
 
     def __init__(self, host: str, port: int, *, tls: bool = False, cafile: str | None = None,
                  timeout: float = 30.0) -> None:
-        self.host, self.port = host, port
+        self.host, self.port, self.timeout = host, port, timeout
         try:
             raw = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
@@ -63,7 +63,13 @@ class Connection:
         self.conn = ClientConnection()
         self.pending: deque[ClientEvent] = deque()
         self.send_lock = threading.Lock()
-        greeting = self.next_event()
+        try:
+            greeting = self.next_event()
+        except TimeoutError:
+            self.close()
+            hint = "" if tls else " (a TLS port? then --tls)"
+            raise CLIError(f"no greeting from {host}:{port} within {timeout:g} s{hint}",
+                           CONNECTION) from None
         if not isinstance(greeting, Greeting):
             raise CLIError(f"{host}:{port} is not an SMQP server", CONNECTION)
         if not greeting.ready:
@@ -109,7 +115,7 @@ class Connection:
                 return event
         finally:
             if timeout is not None:
-                self.sock.settimeout(30.0)
+                self.sock.settimeout(self.timeout)
 
     def send(self, data: bytes) -> None:
         with self.send_lock:

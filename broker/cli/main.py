@@ -26,25 +26,38 @@ DEFAULT_PORT = 720
 DEFAULT_TLS_PORT = 7443
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    g = common.add_argument_group("connection")
-    g.add_argument("--host", default=os.environ.get("SMQP_HOST", "127.0.0.1"),
+def _connection_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The options every command takes, before or after its name. After it (``suppress``)
+    they default to nothing, so that they do not undo the same option given before it."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    g = parser.add_argument_group("connection")
+    g.add_argument("--host", default=default(os.environ.get("SMQP_HOST", "127.0.0.1")),
                    help="server address (SMQP_HOST; default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=None,
+    g.add_argument("--port", type=int, default=default(None),
                    help=f"server port (SMQP_PORT; default {DEFAULT_PORT}, "
                         f"{DEFAULT_TLS_PORT} with --tls)")
-    g.add_argument("--tls", action="store_true", help="connect with TLS (SMQPS)")
-    g.add_argument("--cafile", help="CA certificates (PEM) to verify the server with")
-    g.add_argument("--account", "-a", default=os.environ.get("SMQP_ACCOUNT"),
+    g.add_argument("--tls", action="store_true", default=default(False),
+                   help="connect with TLS (SMQPS)")
+    g.add_argument("--cafile", default=default(None),
+                   help="CA certificates (PEM) to verify the server with")
+    g.add_argument("--account", "-a", default=default(os.environ.get("SMQP_ACCOUNT")),
                    help="account to log in as (SMQP_ACCOUNT; default: your user name); the "
                         "password comes from SMQP_PASSWORD or a prompt")
-    g.add_argument("--json", action="store_true", help="one JSON object per line")
-    g.add_argument("--timeout", type=float, default=30.0,
+    g.add_argument("--json", action="store_true", default=default(False),
+                   help="one JSON object per line")
+    g.add_argument("--timeout", type=float, default=default(30.0),
                    help="seconds to wait for the server (default 30)")
 
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _connection_options(common, suppress=True)
     parser = argparse.ArgumentParser(
-        prog="smqp", description="Command-line client for SMQP brokers.", parents=[common])
+        prog="smqp", description="Command-line client for SMQP brokers.")
+    _connection_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
     p = sub.add_parser("pub", parents=[common], help="publish a message",
@@ -108,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as exc:
         _error(str(exc))
         return exc.status
+    except TimeoutError:
+        _error(f"no answer from {args.host}:{args.port} within {args.timeout:g} s")
+        return 3
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `smqp sub | head`
