@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `smqp sub | head`
         return 0
+    except Exception as exc:  # a bug, or a server this client does not understand: one line
+        _error(f"unexpected {type(exc).__name__}: {exc}")
+        return 3
 
 
 def connect(args: argparse.Namespace) -> Connection:
@@ -175,7 +178,11 @@ def cmd_pub(args: argparse.Namespace, conn: Connection) -> int:
     reply = conn.publish(args.topic, cmuid, [(args.type, body)], headers)
     if reply.code != 200:
         raise CLIError(f"publish to {args.topic} refused: {describe(reply)}", 1)
-    smuid = reply.lines[-1].split()[-1]
+    words = reply.lines[-1].split()
+    if not words or not words[-1].isdigit():
+        raise CLIError(f"published, but the reply names no message number: {describe(reply)}",
+                       3)
+    smuid = words[-1]
     _out(args, {"topic": args.topic, "cmuid": cmuid, "smuid": int(smuid)},
          f"published to {args.topic}: smuid {smuid}, cmuid {cmuid}")
     return 0
