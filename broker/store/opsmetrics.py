@@ -36,6 +36,7 @@ logger = logging.getLogger("broker.opsmetrics")
 RATE_KINDS = ("publish", "deliver", "ack")
 #: Group commits by lane kind.
 COMMIT_KINDS = ("publish", "ack")
+_TOTAL_NAMES = {kind: f"{kind}_messages" for kind in RATE_KINDS}
 SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf)
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, math.inf)
 MINUTE_KEEP_SECONDS = 2 * 3600
@@ -92,9 +93,14 @@ class Recorder:
         """``n`` more of a rate kind (:data:`RATE_KINDS`), in this minute's bucket."""
         if n <= 0:
             return
+        # Once per NOTIFY on the listener's event loop: kept to a few dict operations.
         minute = int((now if now is not None else time.time()) // 60)
-        self._deltas.totals[f"{kind}_messages"] += n
-        self._deltas.minutes.setdefault(minute, Counter())[kind] += n
+        deltas = self._deltas
+        deltas.totals[_TOTAL_NAMES.get(kind) or f"{kind}_messages"] += n
+        bucket = deltas.minutes.get(minute)
+        if bucket is None:
+            bucket = deltas.minutes[minute] = Counter()
+        bucket[kind] += n
 
     def commit(self, kind: str, size: int, seconds: float) -> None:
         """One group commit of ``kind`` (:data:`COMMIT_KINDS`): ``size`` requests in it,
