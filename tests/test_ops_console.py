@@ -101,12 +101,21 @@ def test_fuzz_topic_pages(admin_client, path):
         assert admin_client.get(url, {"path": path}).status_code in (200, 404)
 
 
+def test_republish_never_redirects_off_the_site(admin_client):
+    for nxt in ("//evil.example/", "https://evil.example/", "/\\evil.example", "javascript:x"):
+        reply = admin_client.post("/admin/ops/republish/", {"smuid": "1", "next": nxt})
+        assert reply["Location"] == "/admin/", nxt
+    reply = admin_client.post("/admin/ops/republish/", {"smuid": "1", "next": "/admin/?x=1"})
+    assert reply["Location"] == "/admin/?x=1"
+
+
 @FUZZ
 @given(smuid=TEXT, guid=TEXT, nxt=TEXT)
 def test_fuzz_console_posts(admin_client, smuid, guid, nxt):
     reply = admin_client.post("/admin/ops/republish/", {"smuid": smuid, "next": nxt})
     assert reply.status_code == 302
-    assert reply["Location"].startswith("/")  # never off the site
+    location = reply["Location"]
+    assert location.startswith("/") and not location.startswith(("//", "/\\"))  # on the site
     assert admin_client.post("/admin/ops/sessions/", {"guid": guid}).status_code == 302
     assert not LoginSession.objects.filter(ended__isnull=False).exists()
 

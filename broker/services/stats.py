@@ -253,7 +253,8 @@ def topic_detail(path: str) -> dict | None:
                             "received", first)
     acked = _per_minute(Delivery.objects.filter(message__topic=topic, acked__gte=first),
                         "acked", first)
-    subscriber_ids = sorted(topic_service.subscriber_accounts(topic))
+    # Of the topic as asked: a virtual topic's subscribers by its own name count too.
+    subscriber_ids = sorted(topic_service.subscriber_accounts(found))
     names = dict(Account.objects.filter(pk__in=subscriber_ids).values_list("pk", "username"))
     sessions = live_sessions(subscriber_ids)
     subscribers = [{"account": names[a], "sessions": [s for s in sessions
