@@ -27,6 +27,7 @@ import marshal
 import math
 import os
 import socket
+import sys
 import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict, deque
@@ -732,6 +733,8 @@ class Dispatcher:
     def health(self) -> dict:
         """This listener as the operators' console shows it (opsmetrics.listeners())."""
         return {"origin": self.origin, "host": socket.gethostname(), "pid": os.getpid(),
+                # runsmqp, runqqp, runbroker: which server this dispatcher serves.
+                "command": os.path.basename(sys.argv[1]) if len(sys.argv) > 1 else "",
                 "started": self._started_at, "at": time.time(),
                 "sessions": sum(len(s) for s in self.sessions.values()),
                 "storage_processes": self.storage.health(),

@@ -196,7 +196,7 @@ def snapshot() -> dict:
           "dead_letters": [{"smuid", "topic", "account", "attempts", "at",
                             "message_state", "republishable"}],
           "group_commits": {"publish": {...}, "ack": {...}},  # see group_commits()
-          "listeners": [{"origin", "host", "pid", "started", "at", "sessions",
+          "listeners": [{"origin", "host", "pid", "command", "started", "at", "sessions",
                          "journal_backlog", "publish_queue",
                          "storage_processes": [{"name", "pid", "alive", "waiting",
                                                 "starts"}]}],

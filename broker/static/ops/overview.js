@@ -121,7 +121,7 @@
           `${p.name} ${p.alive ? "up" : "DOWN"} (pid ${p.pid ?? "–"}, started ${p.starts}×, waiting ${p.waiting}) `);
         lanes.append(span);
       }
-      tr.append(el("td", {}, l.host), el("td", {}, l.pid), el("td", { class: "num" }, l.sessions), lanes,
+      tr.append(el("td", {}, l.host), el("td", {}, l.pid + (l.command ? " (" + l.command + ")" : "")), el("td", { class: "num" }, l.sessions), lanes,
         el("td", {}, Math.max(0, Math.round(Date.now() / 1000 - l.at)) + " s ago"));
       return tr;
     }) : [(() => { const tr = el("tr"); tr.append(el("td", { colspan: 5 }, "No listener has reported (none running, or Redis unreachable).")); return tr; })()];
