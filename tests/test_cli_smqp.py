@@ -197,7 +197,9 @@ def test_shell_round_trip_under_a_pty(broker, tmp_path):
         # A bad line is answered, the session goes on.
         bob.sendline("FROBNICATE")
         bob.expect(r"400 Bad request")
-        bob.sendline("LIST TOPIC /")
+        bob.send("list to\t")  # Tab completes the command words
+        bob.expect_exact("TOPIC ")  # the word completed in place: "list TOPIC "
+        bob.sendline("/")
         bob.expect_exact("/news")
         bob.sendline(":quit")
         bob.expect(pexpect.EOF)

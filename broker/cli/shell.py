@@ -18,6 +18,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from broker.smqp.client import NotifyMessage, Reply, ServerAck
 
@@ -32,6 +33,17 @@ Shell commands:
   :help             this text
   :quit             QUIT and leave (also Ctrl-D)"""
 
+#: What Tab completes at the start of a line.
+COMMANDS = (
+    "LIST TOPIC ", "LIST MESSAGE ", "COUNT TOPIC ", "COUNT MESSAGE ", "COUNT SUBSCRIBERS ",
+    "CREATE TOPIC ", "REMOVE TOPIC ", "REMOVE MESSAGE ", "SET TOPIC NAME ",
+    "SET TOPIC KEYWORDS ", "SET LOGIN ", "SET NOTIFY PORT ", "SET NOTIFY SUSPEND",
+    "SET NOTIFY RESUME", "FIND TOPIC ", "SUBSCRIBE MESSAGE ", "SUBSCRIBE TOPIC ",
+    "SUBSCRIBE SUBSCRIBERS ", "SUBSCRIBE SERVER TIMEOUT", "UNSUBSCRIBE MESSAGE ",
+    "UNSUBSCRIBE TOPIC ", "UNSUBSCRIBE SUBSCRIBERS ", "UNSUBSCRIBE SERVER TIMEOUT",
+    "GET MESSAGE ", "GET TOPIC KEYWORDS ", "REPUBLISH MESSAGE ", "NOOP", "QUIT",
+    ":pub ", ":ack", ":help", ":quit",
+)
 HISTORY = os.path.expanduser("~/.smqp_history")
 HISTORY_LENGTH = 1000
 
@@ -46,6 +58,7 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
         with contextlib.suppress(OSError):
             readline.read_history_file(HISTORY)
         readline.set_history_length(HISTORY_LENGTH)
+        _complete_commands(readline)
     known = readline.get_current_history_length() if readline is not None else 0
     conn = connect(args)
     replies: queue.Queue[Reply | CLIError] = queue.Queue()
@@ -149,3 +162,22 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
                 readline.append_history_file(
                     readline.get_current_history_length() - known, HISTORY)
     return status
+
+
+def _complete_commands(readline: ModuleType) -> None:
+    """Tab completes the command words (upper case, as the profile writes them)."""
+
+    def complete(text: str, state: int) -> str | None:
+        line = readline.get_line_buffer()
+        begin = readline.get_begidx()
+        typed = line[:begin].upper() + text.upper()
+        matches = [c[begin:] for c in COMMANDS if c.startswith(typed)]
+        return matches[state] if state < len(matches) else None
+
+    readline.set_completer_delims(" ")
+    readline.set_completer(complete)
+    # libedit (macOS) and GNU readline spell the binding differently.
+    if "libedit" in (readline.__doc__ or ""):
+        readline.parse_and_bind("bind ^I rl_complete")
+    else:
+        readline.parse_and_bind("tab: complete")
