@@ -3,7 +3,8 @@ database (SQLite or PostgreSQL), with accounts, topics and rights for known traf
 
 - ``/ops/a`` (fan-out): alice publishes, bob subscribes;
 - ``/ops/d`` (fan-out, retry timeout 1 s, 1 retry): alice publishes, jtegen subscribes and
-  never ACKs, so his deliveries go dead (dead letters to republish).
+  never ACKs, so his deliveries go dead (dead letters to republish);
+- ``/ops/q`` (queue mode): alice publishes, bob subscribes (a lock while he holds one).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from topics.models import Topic
 ops = Topic.objects.create(path="/ops")
 Topic.objects.create(path="/ops/a", parent=ops)
 Topic.objects.create(path="/ops/d", parent=ops, retry_timeout=1, max_retries=1)
+Topic.objects.create(path="/ops/q", parent=ops, delivery_mode="queue")
 """
 
 
@@ -81,6 +83,7 @@ def ops_stack(backend: str, base: Path) -> Iterator[OpsStack]:
                    accounts_script("root", "bob", "alice", "jtegen") + SETUP)
         run_manage(env, "grant", "alice", "/ops", "publish")
         run_manage(env, "grant", "bob", "/ops/a", "subscribe")
+        run_manage(env, "grant", "bob", "/ops/q", "subscribe")
         run_manage(env, "grant", "jtegen", "/ops/d", "subscribe")
         with listener(env, base, name=f"ops-{backend}") as smqp:
             port = free_port()

@@ -170,3 +170,27 @@ def test_dead_letter_listed_then_republished(stack):
                                                      state="dead") == 1 else None)(scrape(stack)),
                        what="the dead delivery in /metrics")
         assert value(s, "smqp_queue_deliveries", topic="/ops/d", state="dead") == 1
+
+
+def test_queue_mode_lock_is_shown_with_its_session(stack):
+    with Session(stack.smqp.host, stack.smqp.port, "bob") as bob, \
+            Session(stack.smqp.host, stack.smqp.port, "alice") as alice:
+        assert bob.command("SUBSCRIBE MESSAGE /ops/q").code == 200
+        smuid = smuid_of(alice.publish("/ops/q", "q1"))
+        while not bob.message().message.get("Smuid").endswith(f"/{smuid}"):
+            bob.ack()  # backlog of /ops/a from the tests before
+        guid = stack.store(
+            "from accounts.models import LoginSession\n"
+            "result = LoginSession.objects.filter(account__username='bob', ended__isnull=True)"
+            ".latest('started').guid")
+        detail = stack.store("from broker.services import stats\n"
+                             "result = stats.topic_detail('/ops/q')")
+        assert detail["delivery_mode"] == "queue"
+        assert detail["locks"] == [{"holder": guid, "count": 1}]
+        assert detail["depth"]["locked"] == 1 and detail["depth"]["pending"] == 0
+        assert value(scrape(stack), "smqp_queue_deliveries", topic="/ops/q",
+                     state="locked") == 1
+        bob.ack()
+        wait_until(lambda: stack.store("from broker.services import stats\n"
+                                       "result = stats.topic_detail('/ops/q')['locks']") == [],
+                   what="the lock gone after the ACK")

@@ -276,6 +276,10 @@ def topic_detail(path: str) -> dict | None:
             resource=Subscription.Resource.MESSAGE,
             pattern_key__in=topic_service.covering_patterns(topic.key)).count(),
         "subscribers": subscribers,
+        # Queue mode: which sessions hold locks on its messages now, and how many.
+        "locks": [{"holder": r["holder"], "count": r["n"]} for r in (
+            Delivery.objects.filter(message__topic=topic, state=Delivery.State.NOTIFIED)
+            .values("holder").annotate(n=Count("id")).order_by("-n", "holder"))],
         "recent": recent,
     }
 
