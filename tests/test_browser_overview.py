@@ -62,15 +62,15 @@ def browser(stack) -> Iterator:
 
 @pytest.fixture(scope="module")
 def shoot(browser) -> Callable[[str], Path]:
+    """Save a full-page screenshot as test-artifacts/overview/NAME.png. Each name is its
+    test's own (pytest-xdist may run the tests of this module in two workers at once, so
+    none deletes the others' files)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for old in ARTIFACTS.glob("*.png"):
-        old.unlink()
-    count = iter(range(1, 100))
 
     def save(name: str) -> Path:
         height = browser.execute_script("return document.documentElement.scrollHeight")
         browser.set_window_size(1400, max(800, min(int(height) + 40, 4000)))
-        path = ARTIFACTS / f"{next(count):02d}-{name}.png"
+        path = ARTIFACTS / f"{name}.png"
         assert browser.save_screenshot(str(path)), path
         return path
 
@@ -113,7 +113,7 @@ def test_overview_live_with_traffic(stack, browser, shoot):
         wait_until(lambda: cell(browser, '#ops-sessions [data-door="total"]') == "2",
                    what="the overview's first fill")
         assert browser.find_elements(By.CSS_SELECTOR, "#content-main .app-accounts")
-        shoot("overview-idle")
+        shoot("1-overview-idle")
         # Traffic while the page is open: it refreshes by itself.
         for i in range(6):
             smuid_of(alice.publish("/ops/a", f"live-{i}"))
@@ -144,7 +144,7 @@ result = {
         assert canvas_has_ink(browser, "ops-rate-minutes")
         assert "ops-ok" in browser.find_element(
             By.CSS_SELECTOR, '#ops-listeners [data-lane="publish"]').get_attribute("class")
-        shoot("overview-traffic")
+        shoot("2-overview-traffic")
 
         # The topic page, from the overview's link.
         browser.find_element(By.CSS_SELECTOR, row + "a").click()
@@ -154,7 +154,7 @@ result = {
         assert "bob" in cell(browser, '#ops-subscribers tr[data-account="bob"]')
         assert chart_sums(browser, "ops-topic-rates") == {"publish": 6, "ack": 2}
         assert canvas_has_ink(browser, "ops-topic-rates")
-        shoot("topic-page")
+        shoot("3-topic-page")
         # Publish a test message from the page: bob gets it.
         text = browser.find_element(By.NAME, "body")
         text.clear()
@@ -162,7 +162,7 @@ result = {
         browser.find_element(By.CSS_SELECTOR, "#ops-publish-form input[type=submit]").click()
         wait_until(lambda: "Published console-" in browser.page_source,
                    what="the publish confirmation")
-        shoot("topic-published")
+        shoot("4-topic-published")
         seen = []
         while "hello from the console" not in seen:
             msg = bob.message(timeout=30)
@@ -183,7 +183,7 @@ def test_close_session_from_the_sessions_page(stack, browser, shoot):
         browser.get(stack.http + "/admin/ops/sessions/")
         row = browser.find_element(By.CSS_SELECTOR, f'tr[data-guid="{guid}"]')
         assert "SMQP" in row.text
-        shoot("sessions")
+        shoot("5-sessions")
         row.find_element(By.CSS_SELECTOR, "input.ops-close").click()
         wait_until(lambda: "is being closed" in browser.page_source, what="the confirmation")
         event = bob.notification(timeout=30)
@@ -195,7 +195,7 @@ def test_close_session_from_the_sessions_page(stack, browser, shoot):
     browser.get(stack.http + "/admin/ops/sessions/")
     wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, f'tr[data-guid="{guid}"]')
                or browser.refresh(), what="the closed session gone from the page")
-    shoot("sessions-after-close")
+    shoot("6-sessions-after-close")
 
 
 def test_republish_a_dead_letter_with_one_click(stack, browser, shoot):
@@ -210,11 +210,11 @@ def test_republish_a_dead_letter_with_one_click(stack, browser, shoot):
         button = f'#ops-dead button.ops-republish[data-smuid="{smuid}"]'
         wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, button), timeout=60,
                    what="the dead letter on the overview")
-        shoot("dead-letter")
+        shoot("7-dead-letter")
         browser.find_element(By.CSS_SELECTOR, button).click()
         wait_until(lambda: f"Message {smuid} republished" in browser.page_source,
                    what="the republish confirmation")
-        shoot("republished")
+        shoot("8-republished")
         # jtegen gets it again (the old NOTIFY's retry may come first).
         while True:
             msg = jtegen.message(timeout=30)
