@@ -91,3 +91,14 @@ bench: services postgres
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis *.egg-info
+
+# The overview's charts: Chart.js from npm, its UMD build and licence copied into the static
+# files (committed, so neither `make run` nor `make test` needs npm). Run to upgrade it.
+CHARTJS_VERSION ?= 4.4.7
+.PHONY: vendor-chartjs
+vendor-chartjs:
+	tmp=$$(mktemp -d) && cd $$tmp && npm pack --silent chart.js@$(CHARTJS_VERSION) >/dev/null && \
+	  tar xzf chart.js-$(CHARTJS_VERSION).tgz && \
+	  cp package/dist/chart.umd.js $(CURDIR)/broker/static/ops/vendor/chart.umd.js && \
+	  cp package/LICENSE.md $(CURDIR)/broker/static/ops/vendor/chart.js-LICENSE.md && \
+	  rm -rf $$tmp

@@ -356,3 +356,13 @@ SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT
 SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)
 SMQP_TRASH_RETENTION = env_int("SMQP_TRASH_RETENTION", 7 * 86_400)
 SMQP_NOTIFY_CONNECT_TIMEOUT = env_int("SMQP_NOTIFY_CONNECT_TIMEOUT", 5)
+# --- operators' console and /metrics -------------------------------------------------------
+# Who may read /metrics: "off" (404), "open" (anyone), or "staff": a logged-in staff user,
+# a request with "Authorization: Bearer <SMQP_METRICS_TOKEN>", or a client address in
+# SMQP_METRICS_ALLOW (comma-separated addresses or networks; "loopback" for 127.0.0.0/8, ::1).
+SMQP_METRICS = os.environ.get("SMQP_METRICS", "staff").strip().lower()
+if SMQP_METRICS not in ("off", "staff", "open"):
+    raise ImproperlyConfigured(
+        f"SMQP_METRICS must be 'off', 'staff' or 'open', not {SMQP_METRICS!r}")
+SMQP_METRICS_TOKEN = os.environ.get("SMQP_METRICS_TOKEN", "")
+SMQP_METRICS_ALLOW = os.environ.get("SMQP_METRICS_ALLOW", "")

@@ -1,8 +1,13 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
+
+from broker.console.metrics import metrics_view
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    # The operators' console (overview, topic and sessions pages) and /metrics.
+    path("admin/ops/", include("broker.console.urls")),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
 ]

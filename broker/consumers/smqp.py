@@ -207,6 +207,13 @@ class SMQPConsumer(AsyncConsumer):
             data = serialize_notify_sub(event["topic"], event["count"])
         elif kind == "server_timeout":
             data = serialize_notify_server_timeout(event["timeout"])
+        elif kind == "close":
+            # An operator closed this session (the console's sessions page): BYE, and the
+            # connection ends; smqp_disconnect then ends the session and releases its locks.
+            if self.session is not None and event.get("guid") == self.session.guid:
+                self.closing = True
+                await self._write(serialize_notify_server_bye(), close=True)
+            return
         else:
             return
         if self.suspended:
@@ -809,6 +816,7 @@ class SMQPConsumer(AsyncConsumer):
         smuid, (topic, cmuid, msg) = attempt
         await self._notify(
             serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg))
+        self.dispatcher.metrics.count("deliver")
         if policy is None:
             policy = await self.dispatcher.retry_policy(topic)
         deadline = self.mailbox.sent(smuid, self._loop.time(), policy.retry_timeout,

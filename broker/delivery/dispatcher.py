@@ -25,6 +25,10 @@ import contextlib
 import logging
 import marshal
 import math
+import os
+import socket
+import sys
+import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Iterable
@@ -39,7 +43,7 @@ from broker.services.ack import AckRequest, ack_batch, mark_dead
 from broker.services.notify import DISPATCH_GROUP
 from broker.services.publish import Published, PublishRequest
 from broker.services.read import DeliveryPolicy
-from broker.store import dbthread, journal
+from broker.store import dbthread, journal, opsmetrics
 from broker.store.lanes import Storage, StorageLost
 
 from .linger import PublishLinger
@@ -93,6 +97,8 @@ ACK_RETRY_MAX = 2.0
 ACK_GATHER_SECONDS = 0.05
 # Longest a backlog read waits for the journaled ACKs to reach the database (caught_up()).
 CATCH_UP_SECONDS = 5.0
+# How often the operators' counters and this listener's health go to Redis (opsmetrics).
+METRICS_FLUSH_SECONDS = 1.0
 # How long an ACK by a session of this process keeps the message from being offered to its
 # account again here, and at most how many are kept (see Dispatcher.offer).
 RECENT_ACK_SECONDS = 60.0
@@ -163,6 +169,10 @@ class Dispatcher:
         self._acker = asyncio.ensure_future(self._ack_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
         self._sweeper = asyncio.ensure_future(self._sweep_loop())
+        # The operators' console and /metrics (broker/store/opsmetrics.py).
+        self.metrics = opsmetrics.Recorder()
+        self._started_at = time.time()
+        self._metrics_task = asyncio.ensure_future(self._metrics_loop())
 
     # ------------------------------------------------------------------ sessions
 
@@ -367,9 +377,11 @@ class Dispatcher:
             await asyncio.wait_for(self._ack_hurry.wait(), delay)
 
     async def _commit_publishes(self, batch: list[tuple[PublishRequest, asyncio.Future]]) -> None:
+        began = time.perf_counter()
         try:
             results = await self.storage.publish_batch([r for r, _ in batch])
         except Exception as exc:  # nothing of this batch was committed
+            self.metrics.failed("publish")
             logger.exception("publish batch of %d failed", len(batch))
             if isinstance(exc, ServiceError):
                 error = exc
@@ -393,14 +405,18 @@ class Dispatcher:
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+        self.metrics.commit("publish", len(batch), time.perf_counter() - began)
+        self.metrics.count("publish", len(published))
         self.wake(published)
 
     async def _commit_acks(self, batch: list[tuple[AckRequest, asyncio.Future | None]]) -> bool:
         """Commit a batch of ACKs; False when it failed (nothing of it committed, or, the
         storage process lost, maybe all of it)."""
+        began = time.perf_counter()
         try:
             receipts = await self.storage.ack_batch([r for r, _ in batch])
         except Exception as exc:
+            self.metrics.failed("ack")
             logger.exception("ack batch of %d failed", len(batch))
             text = ("Server error (storage process lost; the ACK may have been recorded)"
                     if isinstance(exc, StorageLost) else "Server error (ACK not recorded)")
@@ -415,6 +431,8 @@ class Dispatcher:
         for _, future in batch:
             if future is not None and not future.done():
                 future.set_result(None)
+        self.metrics.commit("ack", len(batch), time.perf_counter() - began)
+        self.metrics.count("ack", len(batch))
         if self.journal is not None:
             self.journal.applied(len(batch))
             self._release_caught_up(self.journal.done)
@@ -699,6 +717,7 @@ class Dispatcher:
         no longer send it."""
         receipts = await dbthread.run(locks.ack_locked, request.account_id, session_guid,
                                       request.smuid, request.receipt)
+        self.metrics.count("ack")
         self._acked_here(request)
         self._forget_elsewhere(request, session)
         self.wake(receipts)
@@ -709,11 +728,38 @@ class Dispatcher:
         messages are offered to the next subscriber, here and in every process."""
         self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids))
 
+    # ------------------------------------------------------------------ operators' counters
+
+    def health(self) -> dict:
+        """This listener as the operators' console shows it (opsmetrics.listeners())."""
+        return {"origin": self.origin, "host": socket.gethostname(), "pid": os.getpid(),
+                # runsmqp, runqqp, runbroker: which server this dispatcher serves.
+                "command": os.path.basename(sys.argv[1]) if len(sys.argv) > 1 else "",
+                "started": self._started_at, "at": time.time(),
+                "sessions": sum(len(s) for s in self.sessions.values()),
+                "storage_processes": self.storage.health(),
+                "journal_backlog": len(self._acks), "publish_queue": len(self._publishes)}
+
+    async def _metrics_loop(self) -> None:
+        """Every METRICS_FLUSH_SECONDS: the counts since the last time, and this listener's
+        health, to Redis (in a thread: a slow Redis never holds up the event loop)."""
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_SECONDS)
+            await self.flush_metrics()
+
+    async def flush_metrics(self) -> None:
+        deltas = self.metrics.take()
+        try:
+            await asyncio.to_thread(opsmetrics.flush, deltas, self.health(), self.origin)
+        except Exception:  # Redis away: the counts wait for the next flush
+            self.metrics.give_back(deltas)
+            logger.warning("operators' counters not written", exc_info=True)
+
     def close(self) -> None:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
-                     self._greeter, self._syncer, *self._committing):
+                     self._greeter, self._syncer, self._metrics_task, *self._committing):
             if task is not None:
                 task.cancel()
         self.storage.close()
@@ -786,6 +832,7 @@ async def shutdown(timeout: float) -> None:
         # Its sessions are closed: nothing is journaled any more. What did not reach the
         # database by then stays in the journal, for the next start to apply.
         await dispatcher.caught_up(timeout)
+        await dispatcher.flush_metrics()
         dispatcher.close()
     _dispatchers.clear()
 

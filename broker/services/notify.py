@@ -107,3 +107,9 @@ def messages_committed_on_commit(published: list[Committed]) -> None:
     one), as Zulip's ``send_event_on_commit``."""
     if any(p.accounts for p in published):
         transaction.on_commit(lambda: messages_committed(published))
+
+
+def close_session_event(guid: str) -> dict:
+    """An operator closes the session with this guid (``broker.services.stats``): the
+    account's sessions get it, and the one with the guid says BYE and disconnects."""
+    return {"type": "smqp.notify", "kind": "close", "guid": guid}

@@ -100,6 +100,7 @@ class Lane:
         self._ids = itertools.count()
         self._starting: asyncio.Future | None = None
         self._next_start = float("-inf")
+        self.starts = 0  # processes started (the operators' console: restarts = starts - 1)
 
     async def call(self, name: str, *args: Any) -> Any:
         """The call ``name(*args)`` in the storage process; raises what it raised."""
@@ -163,6 +164,7 @@ class Lane:
             theirs.close()
         transport, _ = await loop.create_connection(lambda: _Reader(self), sock=ours)
         self._transport = transport  # type: ignore[assignment]
+        self.starts += 1
         logger.info("storage process %s started (pid %d)", self.name, self._process.pid)
 
     def answered(self, call_id: int, ok: bool, value: Any) -> None:
@@ -186,6 +188,14 @@ class Lane:
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def health(self) -> dict:
+        """For the operators' console: is its process up, and how busy."""
+        process = self._process
+        return {"name": self.name, "pid": process.pid if process else None,
+                "alive": self._transport is not None and process is not None
+                and process.poll() is None,
+                "waiting": len(self._waiting), "starts": self.starts}
 
 
 class Storage:
@@ -293,6 +303,11 @@ class Storage:
     def close(self) -> None:
         for lane in self._lanes:
             lane.close()
+
+    def health(self) -> list[dict]:
+        """Each storage process's :meth:`Lane.health`; empty when the group commits run on
+        the listener's own threads (``SMQP_STORAGE_PROCESSES=0``)."""
+        return [lane.health() for lane in self._lanes] if self.apart else []
 
 
 def _settle(future: asyncio.Future[None]) -> None:

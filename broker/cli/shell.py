@@ -1,0 +1,183 @@
+"""``smqp shell``: an interactive SMQP session with line editing and history (the standard
+library's ``readline``, history in ``~/.smqp_history``).
+
+Lines are sent as typed; a thread reads the server and prints replies and notifications as
+they come (a message is acknowledged once printed, unless ``--no-auto-ack``). The shell's
+own commands start with ``:`` (``:pub TOPIC TEXT`` builds a whole PUB MESSAGE, which is
+awkward to type by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+from broker.smqp.client import NotifyMessage, Reply, ServerAck
+
+from .connection import CLIError, Connection, describe
+from .main import show_event, show_message
+
+HELP = """\
+Type SMQP command lines (LIST TOPIC /, SUBSCRIBE MESSAGE /news, GET MESSAGE /news 1-5 ...).
+Shell commands:
+  :pub TOPIC TEXT   publish TEXT (text/plain) to TOPIC
+  :ack              acknowledge the last message (with --no-auto-ack)
+  :help             this text
+  :quit             QUIT and leave (also Ctrl-D)"""
+
+#: What Tab completes at the start of a line.
+COMMANDS = (
+    "LIST TOPIC ", "LIST MESSAGE ", "COUNT TOPIC ", "COUNT MESSAGE ", "COUNT SUBSCRIBERS ",
+    "CREATE TOPIC ", "REMOVE TOPIC ", "REMOVE MESSAGE ", "SET TOPIC NAME ",
+    "SET TOPIC KEYWORDS ", "SET LOGIN ", "SET NOTIFY PORT ", "SET NOTIFY SUSPEND",
+    "SET NOTIFY RESUME", "FIND TOPIC ", "SUBSCRIBE MESSAGE ", "SUBSCRIBE TOPIC ",
+    "SUBSCRIBE SUBSCRIBERS ", "SUBSCRIBE SERVER TIMEOUT", "UNSUBSCRIBE MESSAGE ",
+    "UNSUBSCRIBE TOPIC ", "UNSUBSCRIBE SUBSCRIBERS ", "UNSUBSCRIBE SERVER TIMEOUT",
+    "GET MESSAGE ", "GET TOPIC KEYWORDS ", "REPUBLISH MESSAGE ", "NOOP", "QUIT",
+    ":pub ", ":ack", ":help", ":quit",
+)
+HISTORY = os.path.expanduser("~/.smqp_history")
+HISTORY_LENGTH = 1000
+
+
+def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], Connection]
+              ) -> int:
+    try:
+        import readline
+    except ImportError:  # not on every platform: the shell works without editing
+        readline = None  # type: ignore[assignment]
+    if readline is not None:
+        with contextlib.suppress(OSError):
+            readline.read_history_file(HISTORY)
+        readline.set_history_length(HISTORY_LENGTH)
+        _complete_commands(readline)
+    known = readline.get_current_history_length() if readline is not None else 0
+    conn = connect(args)
+    replies: queue.Queue[Reply | CLIError] = queue.Queue()
+    auto_ack = not args.no_auto_ack
+    print(f"connected to {args.host}:{args.port} as {conn.guid}; :help for help", flush=True)
+
+    def reader() -> None:
+        try:
+            while True:
+                event = conn.next_event(timeout=3600)
+                if isinstance(event, Reply):
+                    replies.put(event)
+                elif isinstance(event, NotifyMessage):
+                    show_message(args, event)
+                    if auto_ack:
+                        conn.ack()
+                        print("(acknowledged)", flush=True)
+                elif isinstance(event, ServerAck):
+                    continue
+                else:
+                    show_event(args, event)
+        except TimeoutError:
+            replies.put(CLIError("no word from the server for an hour", 3))
+        except CLIError as exc:
+            replies.put(exc)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+
+    def wait_reply() -> Reply:
+        item = replies.get(timeout=args.timeout)
+        if isinstance(item, CLIError):
+            raise item
+        return item
+
+    status = 0
+    try:
+        while True:
+            try:
+                line = input("smqp> ").strip()
+            except EOFError:
+                line = ":quit"
+            if not line:
+                continue
+            try:
+                if line.startswith(":"):
+                    word, _, rest = line[1:].partition(" ")
+                    word = word.lower()
+                    if word in ("quit", "q", "exit"):
+                        conn.send(b"QUIT\r\n")
+                        print(describe(wait_reply()), flush=True)
+                        break
+                    if word == "help":
+                        print(HELP, flush=True)
+                    elif word == "ack":
+                        conn.ack()
+                    elif word == "pub":
+                        topic, _, text = rest.strip().partition(" ")
+                        if not topic:
+                            print("usage: :pub TOPIC TEXT", flush=True)
+                            continue
+                        from broker.smqp import commands as c
+                        from broker.smqp.message import DataSection, Message
+
+                        msg = Message([], [DataSection([("Content-Type", "text/plain")],
+                                                       text.encode())])
+                        conn.send(c.serialize_command(
+                            c.Publish("MESSAGE", topic, uuid.uuid4().hex[:16], msg)))
+                        print(describe(wait_reply()), flush=True)
+                    else:
+                        print(f"unknown shell command :{word} (:help)", flush=True)
+                    continue
+                if line.split(" ", 1)[0].upper() in ("PUB", "PUBLISH"):
+                    print("a PUB needs its message: use :pub TOPIC TEXT", flush=True)
+                    continue
+                conn.send(line.encode() + b"\r\n")
+                reply = wait_reply()
+                for i, text in enumerate(reply.lines):
+                    sep = " " if i == len(reply.lines) - 1 else "-"
+                    print(f"{reply.code}{sep}{text}", flush=True)
+                for msg in reply.messages:
+                    show_message(args, None, msg)
+                if line.upper() == "QUIT":
+                    break
+            except queue.Empty:
+                print("smqp: error: no reply from the server in time", file=sys.stderr,
+                      flush=True)
+            except ValueError as exc:
+                print(f"smqp: error: cannot send that: {exc}", file=sys.stderr, flush=True)
+    except CLIError as exc:
+        print(f"smqp: error: {exc}", file=sys.stderr, flush=True)
+        status = exc.status
+    except KeyboardInterrupt:
+        status = 130
+    finally:
+        conn.close()
+        if readline is not None:
+            # Appended, not rewritten: two shells at once each keep their own lines.
+            with contextlib.suppress(OSError):
+                Path(HISTORY).touch(mode=0o600)
+                readline.append_history_file(
+                    readline.get_current_history_length() - known, HISTORY)
+    return status
+
+
+def _complete_commands(readline: ModuleType) -> None:
+    """Tab completes the command words (upper case, as the profile writes them)."""
+
+    def complete(text: str, state: int) -> str | None:
+        line = readline.get_line_buffer()
+        begin = readline.get_begidx()
+        typed = line[:begin].upper() + text.upper()
+        matches = [c[begin:] for c in COMMANDS if c.startswith(typed)]
+        return matches[state] if state < len(matches) else None
+
+    readline.set_completer_delims(" ")
+    readline.set_completer(complete)
+    # libedit (macOS) and GNU readline spell the binding differently.
+    if "libedit" in (readline.__doc__ or ""):
+        readline.parse_and_bind("bind ^I rl_complete")
+    else:
+        readline.parse_and_bind("tab: complete")

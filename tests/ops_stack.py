@@ -1,0 +1,122 @@
+"""A whole broker for the operators' console tests: ``runsmqp`` and Daphne on one fresh
+database (SQLite or PostgreSQL), with accounts, topics and rights for known traffic:
+
+- ``/ops/a`` (fan-out): alice publishes, bob subscribes;
+- ``/ops/d`` (fan-out, retry timeout 1 s, 1 retry): alice publishes, jtegen subscribes and
+  never ACKs, so his deliveries go dead (dead letters to republish);
+- ``/ops/q`` (queue mode): alice publishes, bob subscribes (a lock while he holds one).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import (
+    ROOT,
+    BrokerProcess,
+    accounts_script,
+    fresh_database,
+    listener,
+    run_manage,
+    stop_process,
+)
+
+METRICS_TOKEN = "ops-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class OpsStack:
+    http: str
+    smqp: BrokerProcess
+    env: dict[str, str]
+
+    def get(self, path: str, token: str | None = METRICS_TOKEN) -> tuple[int, str]:
+        request = urllib.request.Request(self.http + path)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def store(self, code: str) -> object:
+        """Run ``code`` (which sets ``result``) in ``manage.py shell``; its JSON value."""
+        out = run_manage(self.env, "shell", "--no-imports", "-c",
+                         code + "\nimport json\nprint('RESULT=' + json.dumps(result))").stdout
+        line = [x for x in out.splitlines() if x.startswith("RESULT=")][-1]
+        return json.loads(line[len("RESULT="):])
+
+
+SETUP = """
+from topics.models import Topic
+ops = Topic.objects.create(path="/ops")
+Topic.objects.create(path="/ops/a", parent=ops)
+Topic.objects.create(path="/ops/d", parent=ops, retry_timeout=1, max_retries=1)
+Topic.objects.create(path="/ops/q", parent=ops, delivery_mode="queue")
+"""
+
+
+@contextmanager
+def ops_stack(backend: str, base: Path) -> Iterator[OpsStack]:
+    extra = {"SMQP_METRICS_TOKEN": METRICS_TOKEN,
+             # Nothing is sent again during a test unless the topic asks for it (/ops/d).
+             "SMQP_DEFAULT_RETRY_TIMEOUT": "600"}
+    with fresh_database(backend, base, extra) as env:
+        run_manage(env, "shell", "--no-imports", "-c",
+                   accounts_script("root", "bob", "alice", "jtegen") + SETUP)
+        run_manage(env, "grant", "alice", "/ops", "publish")
+        run_manage(env, "grant", "bob", "/ops/a", "subscribe")
+        run_manage(env, "grant", "bob", "/ops/q", "subscribe")
+        run_manage(env, "grant", "jtegen", "/ops/d", "subscribe")
+        with listener(env, base, name=f"ops-{backend}") as smqp:
+            port = free_port()
+            log_path = base / f"daphne-{port}.log"
+            daphne = subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                 "broker.asgi:application"],
+                env=env, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+            http = f"http://127.0.0.1:{port}"
+            try:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        with urllib.request.urlopen(f"{http}/admin/login/", timeout=2) as r:
+                            if r.status == 200:
+                                break
+                    except OSError:
+                        pass
+                    if daphne.poll() is not None or time.monotonic() > deadline:
+                        raise AssertionError("daphne did not start:\n" + log_path.read_text())
+                    time.sleep(0.2)
+                yield OpsStack(http, smqp, env)
+            finally:
+                stop_process(daphne)
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition", pause: float = 0.3):
+    """``predicate()``'s first true value, asked again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(pause)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
