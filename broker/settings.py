@@ -353,3 +353,18 @@ SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT
 SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)
 SMQP_TRASH_RETENTION = env_int("SMQP_TRASH_RETENTION", 7 * 86_400)
 SMQP_NOTIFY_CONNECT_TIMEOUT = env_int("SMQP_NOTIFY_CONNECT_TIMEOUT", 5)
+
+# --- Selectors and leases (profile §9.2, §9.3) --------------------------------------------
+# A selector's text is at most this many characters, and its parse tree at most this deep
+# (a chain of AND / OR / + is one level; each parenthesis, NOT or sign adds levels): 567
+# beyond either, so that no selector can exhaust the server.
+SMQP_SELECTOR_MAX_LENGTH = env_int("SMQP_SELECTOR_MAX_LENGTH", 1024)
+SMQP_SELECTOR_MAX_DEPTH = env_int("SMQP_SELECTOR_MAX_DEPTH", 64)
+# How often leases are ended and subscriptions whose subscribe right was revoked are
+# cancelled (each listener's dispatcher, and the Celery beat): the NOTIFY SUBSCRIPTION of a
+# lease end comes at most this late (delivery stops at the lease end itself).
+SMQP_SUBSCRIPTION_SWEEP_SECONDS = env_int("SMQP_SUBSCRIPTION_SWEEP_SECONDS", 1)
+CELERY_BEAT_SCHEDULE["end-subscriptions"] = {
+    "task": "broker.end_subscriptions",
+    "schedule": SMQP_SUBSCRIPTION_SWEEP_SECONDS,
+}
