@@ -23,7 +23,7 @@ from typing import Any
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from .errors import SelectorError, check_depth, incorrect
+from .errors import SelectorError, check_depth, incorrect, shown
 from .like import compile_like
 from .view import MessageView, identifier_key
 
@@ -37,9 +37,9 @@ GRAMMAR = r"""
 
 ?predicate: sum COMPOP sum                       -> compare
           | sum NOT? _BETWEEN sum _AND sum       -> between
-          | IDENT NOT? _IN "(" string ("," string)* ")"  -> in_
-          | IDENT NOT? _LIKE string (_ESCAPE string)?  -> like
-          | IDENT _IS NOT? _NULL                 -> is_null
+          | sum NOT? _IN "(" string ("," string)* ")"  -> in_
+          | sum NOT? _LIKE string (_ESCAPE string)?  -> like
+          | sum _IS NOT? _NULL                   -> is_null
           | sum
 
 ?sum: product (ADDOP product)*
@@ -170,10 +170,16 @@ def _c_false(node: Tree) -> tuple[str, Fn]:
     return BOOL, lambda v: False
 
 
-def _ident_key(token: Token) -> str:
-    if token.value.upper() in RESERVED:
-        raise incorrect(f"reserved word {token.value!r}", _column(token))
-    return identifier_key(token.value)
+def _ident_key(node: Tree | Token) -> str:
+    """The view key of an identifier node (IN, LIKE and IS NULL take only an identifier;
+    the grammar accepts any operand there so that LALR need not guess early)."""
+    if isinstance(node, Tree) and node.data == "ident":
+        node = node.children[0]
+    if not isinstance(node, Token) or node.type != "IDENT":
+        raise incorrect("an identifier is needed here", _column(node))
+    if node.value.upper() in RESERVED:
+        raise incorrect(f"reserved word {node.value!r}", _column(node))
+    return identifier_key(node.value)
 
 
 def _c_ident(node: Tree) -> tuple[str, Fn]:
