@@ -165,7 +165,7 @@ def _compile_or_refuse(cls: str, text: str) -> None:
         assert exc.code in (566, 567)
         assert "\r" not in exc.text and "\n" not in exc.text
         if exc.code == 567:
-            assert exc.column is not None and 1 <= exc.column <= len(text.strip()) + 1 or \
+            assert (exc.column is not None and 1 <= exc.column <= len(text.strip()) + 1) or \
                 "longer than" in exc.text
         return
     selector.evaluate(message_view(topic="/t", headers=[("X-A", "1"), ("A", "x")]))
