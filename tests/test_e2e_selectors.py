@@ -248,3 +248,31 @@ def test_several_selectors_on_one_pattern_and_unsub_of_one(broker):
         assert bob.quiet(1.5)
         reply = bob.command("UNSUB MESSAGE /sel/multi")
         assert reply.code == 200 and reply.lines[1:] == ["MESSAGE /sel/multi"]
+
+
+FUZZ_ALPHABET = "abX_ '()=<>!&|*~\\%,.0123456789-" + "é"
+
+
+def test_fuzzed_selectors_over_the_wire_never_break_the_session(broker):
+    """Random selector texts through SUB: each gets 200, 400 or 567, and the session (and
+    the server) keep answering."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.smqp_client import RawClient
+
+    with RawClient(broker.host, broker.port) as raw:
+        raw.login("bob", "pw")
+
+        @settings(max_examples=150, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.sampled_from(["JMS", "LDAP"]), st.text(alphabet=FUZZ_ALPHABET, max_size=40))
+        def one(cls: str, text: str) -> None:
+            reply = raw.command(f"SUB MESSAGE /sel/multi SELECTOR {cls} {text}")
+            assert reply[-1][:4] in (b"200 ", b"400 ", b"567 "), reply
+            if reply[-1].startswith(b"200"):
+                assert raw.command("UNSUB MESSAGE /sel/multi")[-1].startswith(b"200")
+
+        one()
+        assert raw.command("NOOP") == [b"200 OK\r\n"]
+    assert broker.alive()

@@ -124,8 +124,10 @@ def _compile(cls: str, text: str, max_depth: int) -> Selector:
 NEVER = Selector("", "", lambda view: False)
 
 
+@functools.lru_cache(maxsize=8192)
 def stored_selector(cls: str, text: str) -> Selector | None:
-    """The selector of a stored subscription; None when it has none (``cls`` empty)."""
+    """The selector of a stored subscription; None when it has none (``cls`` empty). Cached
+    on the stored pair: a publish batch reads every subscription of its topics."""
     if not cls:
         return None
     try:
