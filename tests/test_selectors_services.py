@@ -196,3 +196,17 @@ def test_admin_lists_selector_and_lease_end_and_checks_selectors(world, client):
     assert response.status_code == 200
     assert "Incorrect message selector (unexpected end at column 11)" in \
         response.content.decode()
+
+
+def test_queue_mode_publish_goes_to_one_matching_account(world, layer):
+    root, bob, alice, topic = world
+    Topic.objects.filter(pk=topic.pk).update(delivery_mode="queue")
+    from topics import tree
+
+    tree.changed()
+    sub(bob, "/s", selector=("JMS", "X_N = 1"))
+    sub(alice, "/s", selector=("JMS", "X_N = 2"))
+    for n, account in ((1, bob), (2, alice), (2, alice), (1, bob)):
+        published = publish(root.pk, "/s", f"q{n}", [("X-N", str(n))])
+        assert published.accounts == [account.pk]
+    assert publish(root.pk, "/s", "q3", [("X-N", "3")]).accounts == []
