@@ -288,11 +288,52 @@ def _c_compare(node: Tree) -> tuple[str, Fn]:
                 raise incorrect(f"{op} cannot compare a {kind}", _column(side))
     if ANY not in (lk, rk) and lk != rk:
         raise incorrect(f"cannot compare a {lk} with a {rk}", _column(op_token))
+    fast = _identifier_against_literal(left, op, right)
+    if fast is not None:
+        return BOOL, fast
 
     def compare(v: MessageView) -> bool | None:
         return _compare_values(op, lf(v), rf(v))
 
     return BOOL, compare
+
+
+def _identifier_against_literal(left: Tree | Token, op: str, right: Tree | Token) -> Fn | None:
+    """The common ``Header = 'text'`` / ``Header > 5`` as one closure (the same result as
+    :func:`_compare_values`, without its calls): most selectors are made of these."""
+    if not (isinstance(left, Tree) and left.data == "ident" and isinstance(right, Tree)
+            and right.data in ("string", "exact", "approx")):
+        return None
+    key = _ident_key(left.children[0])
+    if right.data == "string":
+        if op not in ("=", "<>"):
+            return None
+        literal = _string_literal(right)
+        equal = op == "="
+
+        def str_compare(v: MessageView) -> bool | None:
+            x = v.value(key)
+            if x is None:
+                return None
+            if type(x) is not str:
+                return False
+            return (x == literal) is equal
+
+        return str_compare
+    number: int | float = (int if right.data == "exact" else float)(right.children[0].value)
+    test = {"=": lambda x: x == number, "<>": lambda x: x != number,
+            "<": lambda x: x < number, "<=": lambda x: x <= number,
+            ">": lambda x: x > number, ">=": lambda x: x >= number}[op]
+
+    def num_compare(v: MessageView) -> bool | None:
+        x = v.value(key)
+        if x is None:
+            return None
+        if type(x) is str or type(x) is bool:
+            return False
+        return test(x)
+
+    return num_compare
 
 
 def _c_between(node: Tree) -> tuple[str, Fn]:

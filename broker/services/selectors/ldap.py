@@ -194,10 +194,9 @@ def _c_equal_or_substring(node: Tree) -> Fn:
 
 def _substrings(key: str, initial: str, middle: list[str], final: str) -> Fn:
     def substrings(v: MessageView) -> bool | None:
-        text = v.text(key)
+        text = v.folded(key, _fold)
         if text is None:
             return None
-        text = _fold(text)
         if not text.startswith(initial):
             return False
         pos = len(initial)
@@ -219,14 +218,14 @@ def _equality(key: str, assertion: str) -> Fn:
     folded = _fold(assertion)
 
     def equal(v: MessageView) -> bool | None:
-        text = v.text(key)
-        if text is None:
-            return None
         if number is not None:
             value = v.value(key)
             if isinstance(value, int | float):
                 return value == number
-        return _fold(text) == folded
+        text = v.folded(key, _fold)
+        if text is None:
+            return None
+        return text == folded
 
     return equal
 
@@ -250,14 +249,13 @@ def _c_simple(rule: str, node: Tree) -> Fn:
     greater = rule == "ge"
 
     def order(v: MessageView) -> bool | None:
-        text = v.text(key)
-        if text is None:
-            return None
         if number is not None:
             value = v.value(key)
             if isinstance(value, int | float):
                 return value >= number if greater else value <= number
-        mine = _fold(text)
+        mine = v.folded(key, _fold)
+        if mine is None:
+            return None
         return mine >= folded if greater else mine <= folded
 
     return order

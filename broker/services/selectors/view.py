@@ -10,7 +10,7 @@ numbers).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 #: A header value that is a number. Fixed patterns (never built from user text); the length
@@ -48,11 +48,23 @@ class MessageView:
     """The identifiers of one message: ``value(key)`` (typed) and ``text(key)``; None for a
     missing identifier. Doors need not build one by hand: :func:`message_view`."""
 
-    __slots__ = ("_texts", "_values")
+    __slots__ = ("_folded", "_texts", "_values")
 
     def __init__(self, texts: dict[str, str]) -> None:
         self._texts = texts
         self._values: dict[str, Scalar] = {k: typed(v) for k, v in texts.items()}
+        # LDAP's case-folded texts, made once per message when a selector first asks.
+        self._folded: dict[str, str] = {}
+
+    def folded(self, key: str, fold: Callable[[str], str]) -> str | None:
+        """``fold(text(key))``, remembered (every LDAP selector of a message asks)."""
+        found = self._folded.get(key)
+        if found is None:
+            text = self._texts.get(key)
+            if text is None:
+                return None
+            found = self._folded[key] = fold(text)
+        return found
 
     def value(self, key: str) -> Scalar | None:
         return self._values.get(key)
