@@ -271,7 +271,9 @@ def end_revoked(force: bool = False) -> int:
     them meanwhile). Returns how many ended."""
     global _rights_checked
     generation = current_generation()
-    if not force and generation == _rights_checked:
+    # (Negative: the shared cache is unreachable, and every call gives a new number; the
+    # scan waits for it rather than running every time.)
+    if not force and (generation == _rights_checked or generation < 0):
         return 0
     ended = 0
     rows = list(Subscription.objects.filter(resource=R.MESSAGE).values_list(
