@@ -57,6 +57,10 @@ class MessageAdmin(admin.ModelAdmin):
 class SubscriptionForm(forms.ModelForm):
     """A selector entered here is checked as SUB checks it (566 / 567 as form errors)."""
 
+    selector_class = forms.ChoiceField(
+        required=False, choices=[("", "none: every message"), ("JMS", "JMS"),
+                                 ("RFC-2254", "RFC-2254 (LDAP)")])
+
     class Meta:
         model = Subscription
         fields = "__all__"

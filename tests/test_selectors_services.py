@@ -193,6 +193,7 @@ def test_admin_lists_selector_and_lease_end_and_checks_selectors(world, client):
     response = client.post("/admin/broker/subscription/add/", {
         "account": bob.pk, "resource": "MESSAGE", "pattern": "/s", "pattern_key": "",
         "selector_class": "JMS", "selector": "X_Region = "})
+    # (The class is chosen from the two the broker supports.)
     assert response.status_code == 200
     assert "Incorrect message selector (unexpected end at column 11)" in \
         response.content.decode()
