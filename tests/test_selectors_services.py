@@ -211,3 +211,16 @@ def test_queue_mode_publish_goes_to_one_matching_account(world, layer):
         published = publish(root.pk, "/s", f"q{n}", [("X-N", str(n))])
         assert published.accounts == [account.pk]
     assert publish(root.pk, "/s", "q3", [("X-N", "3")]).accounts == []
+
+
+def test_a_lease_end_tells_the_subscribers_watchers_the_new_count(world, layer):
+    root, bob, _, _ = world
+    from broker.domain.values import TopicPattern
+
+    subscription_service.subscribe(snapshot_for(root), "SUBSCRIBERS", TopicPattern("/s", False))
+    sub(bob, "/s", lease=1)
+    layer.sent.clear()
+    assert subscription_service.end_subscriptions(
+        now=timezone.now() + timedelta(seconds=2)) == 1
+    counts = [e for group, e in layer.sent if e.get("kind") == "sub"]
+    assert counts == [{"type": "smqp.notify", "kind": "sub", "topic": "/s", "count": 0}]

@@ -259,6 +259,7 @@ def end_subscriptions(now: datetime | None = None, limit: int = 1000) -> int:
                 ended += 1
                 notify.send_after_commit(
                     [account_id], notify.subscription_cancelled_event(pattern, notify.LEASE))
+                _announce_ended(account_id, pattern)
     return ended + end_revoked()
 
 
@@ -288,8 +289,26 @@ def end_revoked(force: bool = False) -> int:
                 ended += 1
                 notify.send_after_commit(
                     [account_id], notify.subscription_cancelled_event(pattern, notify.REVOKED))
+                _announce_ended(account_id, pattern)
     _rights_checked = generation
     return ended
+
+
+def _announce_ended(account_id: int, pattern: str) -> None:
+    """NOTIFY SUB to the SUBSCRIBERS-watchers of the topics a MESSAGE subscription that
+    ended covered (as UNSUB does)."""
+    wildcard = pattern.endswith("/*")
+    base = pattern[:-2] if wildcard else pattern
+    try:
+        if wildcard:
+            covered = topic_service._matching(snapshot_for_id(account_id),
+                                              TopicPattern(base, True))
+        else:
+            found = topic_service.node(base)
+            covered = [found] if found is not None else []
+    except ServiceError:
+        return  # gone or hidden now: nobody to tell
+    _announce_counts(covered)
 
 
 def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
