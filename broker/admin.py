@@ -1,5 +1,6 @@
 from collections import defaultdict
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -7,6 +8,7 @@ from django.http import HttpRequest
 from broker.domain.values import SmuidSet
 from broker.services import ServiceError
 from broker.services.removal import remove_messages
+from broker.services.selectors import SelectorError, compile_selector
 from topics.admin import console_snapshot, refusal
 
 from .models import DataSection, Delivery, Message, QQPKey, Subscription, UsageEvent
@@ -52,12 +54,45 @@ class MessageAdmin(admin.ModelAdmin):
         self.message_user(request, f"{moved} message(s) moved into Trash.", messages.SUCCESS)
 
 
+class SubscriptionForm(forms.ModelForm):
+    """A selector entered here is checked as SUB checks it (566 / 567 as form errors)."""
+
+    selector_class = forms.ChoiceField(
+        required=False, choices=[("", "none: every message"), ("JMS", "JMS"),
+                                 ("RFC-2254", "RFC-2254 (LDAP)")])
+
+    class Meta:
+        model = Subscription
+        fields = "__all__"
+
+    def clean(self) -> dict:
+        data = super().clean()
+        cls, text = data.get("selector_class") or "", data.get("selector") or ""
+        if cls or text.strip():
+            try:
+                selector = compile_selector(cls, text)
+            except SelectorError as exc:
+                raise forms.ValidationError(exc.text) from None
+            data["selector_class"], data["selector"] = selector.cls, selector.text
+        return data
+
+
 @admin.register(Subscription)
 class SubscriptionAdmin(admin.ModelAdmin):
-    list_display = ("account", "resource", "pattern", "since", "created")
-    list_filter = ("resource",)
-    search_fields = ("account__username", "pattern")
+    # Selector and lease end: content-based subscriptions and leases (profile §9.2, §9.3).
+    form = SubscriptionForm
+    list_display = ("account", "resource", "pattern", "selector_shown", "lease_end", "since",
+                    "created")
+    list_filter = ("resource", "selector_class")
+    search_fields = ("account__username", "pattern", "selector")
     raw_id_fields = ("account",)
+
+    @admin.display(description="selector", ordering="selector")
+    def selector_shown(self, obj: Subscription) -> str:
+        if not obj.selector_class:
+            return "-"
+        text = obj.selector if len(obj.selector) <= 80 else obj.selector[:77] + "..."
+        return f"{obj.selector_class} {text}"
 
 
 @admin.register(Delivery)

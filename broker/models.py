@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from django.conf import settings
 from django.db import models
 
@@ -123,26 +125,49 @@ class Subscription(models.Model):
     pattern_key = models.CharField(max_length=1024, editable=False)
     since = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+    # Content-based subscriptions (profile §9.2): the selector's class ("JMS" or
+    # "RFC-2254"; blank: every message) and text. ``selector_key`` identifies the pair in
+    # the unique constraint (a hash: the text may be longer than an index entry may hold).
+    selector_class = models.CharField(max_length=16, blank=True, default="")
+    selector = models.TextField(blank=True, default="")
+    selector_key = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # Leases (profile §9.3): the subscription ends then (None: at UNSUB).
+    lease_end = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["account", "resource", "pattern_key"]
         constraints = [
             models.UniqueConstraint(
-                fields=["account", "resource", "pattern_key"], name="subscription_unique"
+                fields=["account", "resource", "pattern_key", "selector_key"],
+                name="subscription_unique_selector",
             )
         ]
-        indexes = [models.Index(fields=["resource", "pattern_key"])]
+        indexes = [
+            models.Index(fields=["resource", "pattern_key"]),
+            # The lease sweep; only leased subscriptions are in it.
+            models.Index(fields=["lease_end"], name="subscription_lease_end",
+                         condition=models.Q(lease_end__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.account} {self.resource} {self.pattern}"
 
     def save(self, *args, **kwargs) -> None:
         self.pattern_key = self.pattern.casefold()
+        self.selector_key = selector_key(self.selector_class, self.selector)
         super().save(*args, **kwargs)
 
     @property
     def is_wildcard(self) -> bool:
         return self.pattern.endswith("*")
+
+
+def selector_key(selector_class: str, selector: str) -> str:
+    """What identifies a subscription's selector among the account's subscriptions on one
+    pattern: blank without one, else a hash of (class, text)."""
+    if not selector_class:
+        return ""
+    return hashlib.sha256(f"{selector_class}\n{selector}".encode()).hexdigest()
 
 
 class Delivery(models.Model):

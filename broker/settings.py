@@ -366,3 +366,18 @@ if SMQP_METRICS not in ("off", "staff", "open"):
         f"SMQP_METRICS must be 'off', 'staff' or 'open', not {SMQP_METRICS!r}")
 SMQP_METRICS_TOKEN = os.environ.get("SMQP_METRICS_TOKEN", "")
 SMQP_METRICS_ALLOW = os.environ.get("SMQP_METRICS_ALLOW", "")
+
+# --- Selectors and leases (profile §9.2, §9.3) --------------------------------------------
+# A selector's text is at most this many characters, and its parse tree at most this deep
+# (a chain of AND / OR / + is one level; each parenthesis, NOT or sign adds levels): 567
+# beyond either, so that no selector can exhaust the server.
+SMQP_SELECTOR_MAX_LENGTH = env_int("SMQP_SELECTOR_MAX_LENGTH", 1024)
+SMQP_SELECTOR_MAX_DEPTH = env_int("SMQP_SELECTOR_MAX_DEPTH", 64)
+# How often leases are ended and subscriptions whose subscribe right was revoked are
+# cancelled (each listener's dispatcher, and the Celery beat): the NOTIFY SUBSCRIPTION of a
+# lease end comes at most this late (delivery stops at the lease end itself).
+SMQP_SUBSCRIPTION_SWEEP_SECONDS = env_int("SMQP_SUBSCRIPTION_SWEEP_SECONDS", 1)
+CELERY_BEAT_SCHEDULE["end-subscriptions"] = {
+    "task": "broker.end_subscriptions",
+    "schedule": SMQP_SUBSCRIPTION_SWEEP_SECONDS,
+}

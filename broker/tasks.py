@@ -67,3 +67,12 @@ def requeue_queue_deliveries() -> int:
     """Queue mode: messages waiting too long for one account go to the next subscriber."""
     # A delivery moved is not stale again in this run: this ends.
     return _until_done(sweeps.requeue_stale_queue_deliveries, None)
+
+
+@shared_task(name="broker.end_subscriptions")
+def end_subscriptions() -> int:
+    """Subscriptions whose lease ran out, or whose subscribe right was revoked, end; their
+    accounts are told (NOTIFY SUBSCRIPTION ... CANCELLED)."""
+    from broker.services import subscriptions
+
+    return _until_done(subscriptions.end_subscriptions, 1000)

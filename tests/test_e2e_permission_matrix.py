@@ -409,10 +409,12 @@ print("STATES", sorted(Delivery.objects.filter(account__username="m_grp",
       message__topic__path={topic!r}).values_list("state", flat=True)))
 """).stdout
     assert "STATES ['dead', 'dead']" in out, out
-    # Granted again: new messages flow again.
+    # Granted again: new messages flow again once the account subscribes again (the revoke
+    # ended its subscription, profile §9.3, issue 26).
     matrix.manage("grant", "m_grp", "/mx_backlog", "subscribe")
     time.sleep(1.0)
     with login(matrix, "m_grp") as sub, login(matrix, "root") as pub:
+        assert command(sub, f"SUBSCRIBE MESSAGE {topic}") == 200
         assert publish(pub, "MESSAGE", topic, "BACK") == 200
         sub.sock.settimeout(10)
         first = sub.read_line()

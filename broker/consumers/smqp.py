@@ -52,6 +52,7 @@ from broker.smqp.replies import (
     serialize_notify_server_bye,
     serialize_notify_server_timeout,
     serialize_notify_sub,
+    serialize_notify_subscription,
     serialize_notify_topic,
     serialize_reply,
 )
@@ -214,6 +215,9 @@ class SMQPConsumer(AsyncConsumer):
                 self.closing = True
                 await self._write(serialize_notify_server_bye(), close=True)
             return
+        elif kind == "subscription":
+            data = serialize_notify_subscription(event["pattern"], event["action"],
+                                                 event["reason"])
         else:
             return
         if self.suspended:
@@ -636,7 +640,8 @@ class SMQPConsumer(AsyncConsumer):
 
     async def cmd_subscribe(self, cmd: c.Subscribe) -> None:
         covered = await self._as_account(
-            subscription_service.subscribe, cmd.resource, cmd.pattern, cmd.since)
+            subscription_service.subscribe, cmd.resource, cmd.pattern, cmd.since, cmd.lease,
+            cmd.selector)
         if cmd.resource == "SERVER":
             covered = ["SERVER TIMEOUT"]
         self.reply(200, "OK", *covered)
@@ -645,7 +650,7 @@ class SMQPConsumer(AsyncConsumer):
 
     async def cmd_unsubscribe(self, cmd: c.Unsubscribe) -> None:
         removed = await self._as_account(
-            subscription_service.unsubscribe, cmd.resource, cmd.pattern)
+            subscription_service.unsubscribe, cmd.resource, cmd.pattern, cmd.selector)
         self.reply(200, "OK", *(f"{res} {pattern}" if res != "SERVER" else "SERVER TIMEOUT"
                                 for res, pattern in removed))
 

@@ -39,6 +39,7 @@ from django.conf import settings
 
 from broker.domain.message import DataSection, Message
 from broker.services import ServiceError, locks, notify, read, storage_calls
+from broker.services import subscriptions as subscription_service
 from broker.services.ack import AckRequest, ack_batch, mark_dead
 from broker.services.notify import DISPATCH_GROUP
 from broker.services.publish import Published, PublishRequest
@@ -173,6 +174,7 @@ class Dispatcher:
         self.metrics = opsmetrics.Recorder()
         self._started_at = time.time()
         self._metrics_task = asyncio.ensure_future(self._metrics_loop())
+        self._subscription_sweeper = asyncio.ensure_future(self._subscription_loop())
 
     # ------------------------------------------------------------------ sessions
 
@@ -649,6 +651,22 @@ class Dispatcher:
                     if session in live and session.mailbox.offer(priority, smuid):
                         session.kick()
 
+    async def _subscription_loop(self) -> None:
+        """Every ``SMQP_SUBSCRIPTION_SWEEP_SECONDS``: leases that ran out end, and so do
+        subscriptions whose right was revoked (profile §9.3), with their NOTIFY
+        SUBSCRIPTION. The Celery beat runs the same sweep; whichever ends a subscription
+        first tells its account (the other finds it gone). A listener does it too so that a
+        lease ends on time without a Celery worker."""
+        period = settings.SMQP_SUBSCRIPTION_SWEEP_SECONDS
+        if period <= 0:
+            return
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await dbthread.run(subscription_service.end_subscriptions)
+            except Exception:
+                logger.exception("subscription sweep failed; trying again next period")
+
     # ------------------------------------------------------------------ message payloads
 
     def _remember(self, smuid: int, payload: tuple[str, str, Message]) -> None:
@@ -759,7 +777,8 @@ class Dispatcher:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
-                     self._greeter, self._syncer, self._metrics_task, *self._committing):
+                     self._subscription_sweeper, self._greeter, self._syncer,
+                     self._metrics_task, *self._committing):
             if task is not None:
                 task.cancel()
         self.storage.close()

@@ -27,8 +27,9 @@ from topics.models import Topic
 from ual.resolution import snapshot_for_id
 
 from . import notify
-from .deliveries import NO_PRIORITY, effective, start_timeouts, subscribers
+from .deliveries import NO_PRIORITY, effective, selected, start_timeouts, subscribers
 from .publish import Published
+from .selectors import view_of_message
 
 
 @dataclass
@@ -132,13 +133,15 @@ def _receipt(original: Message, target: Topic, now: datetime) -> Published:
     DataSection.objects.create(message=receipt, position=0, content_type="text/plain",
                                content_length=len(body),
                                headers=[["Content-Type", "text/plain"]], body=body)
-    receivers = subscribers([target], now)().get(target.pk, [])
+    # (Every subscription counts, as before, whatever its since-time; a selector chooses.)
+    subs = [sub._replace(since=None) for sub in subscribers([target], now)().get(target.pk, [])]
+    receivers = sorted(selected(subs, now, lambda: view_of_message(
+        receipt, topic=target.path, publisher=None, content_type="text/plain")))
     Delivery.objects.bulk_create([Delivery(account_id=a, message=receipt)
-                                  for a, _ in receivers])
+                                  for a in receivers])
     if not receivers:
         start_timeouts([receipt.pk], now)
-    return Published(receipt.pk, target.pk, target.path, NO_PRIORITY,
-                     [a for a, _ in receivers])
+    return Published(receipt.pk, target.pk, target.path, NO_PRIORITY, receivers)
 
 
 def mark_dead(pairs: list[tuple[int, int]], reason: str = "max retries") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import NamedTuple
 
 from broker.models import Message
 from broker.store import messages as stored
@@ -20,6 +21,7 @@ from ual.models import Right
 from ual.resolution import snapshot_for_id
 
 from . import topics as topic_service
+from .selectors import MessageView, Selector, stored_selector, view_of_message
 
 #: Sort key of a message without Priority: after every message that has one.
 NO_PRIORITY = 2**31
@@ -35,11 +37,21 @@ def effective(topic: Topic | Node) -> dict[str, int | None]:
     return tree.effective(found)
 
 
+class Sub(NamedTuple):
+    """A MESSAGE subscription covering a topic: whose, since when, and its selector (None:
+    every message)."""
+
+    account: int
+    since: datetime | None
+    selector: Selector | None = None
+
+
 def subscribers(topics: list[Topic | Node],
-                now: datetime) -> Callable[[], dict[int, list[tuple[int, datetime | None]]]]:
-    """For each topic id: the (account, since) of MESSAGE subscriptions covering it, by its
-    own name or the name of a virtual topic linking to it. The query is sent at once; the
-    returned function reads its answer (see :func:`broker.store.rows.query`)."""
+                now: datetime) -> Callable[[], dict[int, list[Sub]]]:
+    """For each topic id: the MESSAGE subscriptions covering it (:class:`Sub`), by its own
+    name or the name of a virtual topic linking to it, but none whose lease has ended. The
+    query is sent at once; the returned function reads its answer (see
+    :func:`broker.store.rows.query`)."""
     tree = topic_tree.tree()
     wanted: dict[str, list[int]] = defaultdict(list)
     for topic in topics:
@@ -51,25 +63,73 @@ def subscribers(topics: list[Topic | Node],
                 wanted[key].append(topic.pk)
     if not wanted:
         return lambda: {}
-    rows = stored.message_subscriptions(list(wanted))
+    rows = stored.message_subscriptions(list(wanted), now)
 
-    def read() -> dict[int, list[tuple[int, datetime | None]]]:
-        result: dict[int, list[tuple[int, datetime | None]]] = defaultdict(list)
-        for key, account_id, since in rows():
+    def read() -> dict[int, list[Sub]]:
+        result: dict[int, list[Sub]] = defaultdict(list)
+        for key, account_id, since, selector_class, selector_text in rows():
+            sub = Sub(account_id, from_db_datetime(since),
+                      stored_selector(selector_class, selector_text))
             for topic_id in wanted[key]:
-                result[topic_id].append((account_id, from_db_datetime(since)))
+                result[topic_id].append(sub)
         return result
 
     return read
 
 
-def receivers(subscriptions: Iterable[tuple[int, datetime | None]], topic: Topic | Node,
-              now: datetime) -> list[int]:
+def receivers(subscriptions: Iterable[Sub], topic: Topic | Node, now: datetime,
+              view: MessageView | Callable[[], MessageView] | None = None) -> list[int]:
     """The accounts to deliver a message of ``topic`` published ``now`` to, from the
-    (account, since) of the subscriptions covering it (:func:`subscribers`): those whose
-    since-time has come and that may (still) receive from it, ascending."""
-    return may_receive([a for a, since in subscriptions if since is None or since <= now],
-                       topic)
+    subscriptions covering it (:func:`subscribers`): those whose since-time has come, whose
+    selector (if any) the message satisfies, and that may (still) receive from it,
+    ascending. An account is named once however many of its subscriptions match.
+    ``view``: what selectors see of the message (or a function that builds it, called only
+    if a selector needs it); without one, a subscription with a selector takes nothing."""
+    return may_receive(selected(subscriptions, now, view), topic)
+
+
+def selected(subscriptions: Iterable[Sub], now: datetime,
+             view: MessageView | Callable[[], MessageView] | None) -> list[int]:
+    """The accounts among ``subscriptions`` that take the message (see :func:`receivers`),
+    before the access check."""
+    plain: set[int] = set()
+    selective: list[Sub] = []
+    for sub in subscriptions:
+        if sub.since is not None and sub.since > now:
+            continue
+        if sub.selector is None:
+            plain.add(sub.account)
+        else:
+            selective.append(sub)
+    if selective and view is not None:
+        built: MessageView | None = None
+        for sub in selective:
+            if sub.account in plain:
+                continue
+            if built is None:
+                built = view() if callable(view) else view
+            if sub.selector is not None and sub.selector.matches(built):
+                plain.add(sub.account)
+    return list(plain)
+
+
+def has_selectors(subscriptions: Iterable[Sub]) -> bool:
+    return any(sub.selector is not None for sub in subscriptions)
+
+
+def stored_view(smuid: int) -> Callable[[], MessageView]:
+    """A function giving the view of a stored message (read when first called)."""
+
+    def build() -> MessageView:
+        message = Message.objects.select_related("topic", "publisher").get(pk=smuid)
+        first = message.sections.order_by("position").values_list("content_type",
+                                                                   flat=True).first()
+        return view_of_message(
+            message, topic=message.topic.path,
+            publisher=message.publisher.username if message.publisher else None,
+            content_type=first)
+
+    return build
 
 
 def may_receive(account_ids: list[int], topic: Topic | Node) -> list[int]:

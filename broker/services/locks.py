@@ -41,7 +41,15 @@ from ual.resolution import snapshot_for_id
 
 from . import conflict, notify
 from .ack import send_receipts
-from .deliveries import NO_PRIORITY, next_queue_consumer, receivers, subscribers
+from .deliveries import (
+    NO_PRIORITY,
+    Sub,
+    has_selectors,
+    next_queue_consumer,
+    receivers,
+    stored_view,
+    subscribers,
+)
 from .publish import Published
 
 LOCKED = Delivery.State.NOTIFIED
@@ -129,6 +137,7 @@ def _end_locks(candidates: QuerySet[Delivery], now: datetime, *,
         return [], 0
     tree = topic_tree.tree()
     targets: dict[int, list[int]] = {}
+    subs_of: dict[int, list[Sub]] = {}
     moved: list[Published] = []
     dead: list[tuple[int, int]] = []
     finished: list[int] = []
@@ -145,10 +154,18 @@ def _end_locks(candidates: QuerySet[Delivery], now: datetime, *,
                     dead.append((account_id, smuid))
                     finished.append(smuid)
                 continue
-            if topic_id not in targets:
-                subs = subscribers([topic], now)().get(topic_id, ()) if topic is not None else ()
-                targets[topic_id] = receivers(subs, topic, now) if topic is not None else []
-            target = next_queue_consumer(targets[topic_id], account_id)
+            if topic_id not in subs_of:
+                subs_of[topic_id] = subscribers([topic], now)().get(topic_id, []) \
+                    if topic is not None else []
+            if topic is None:
+                accounts: list[int] = []
+            elif has_selectors(subs_of[topic_id]):  # chosen per message (profile §9.2)
+                accounts = receivers(subs_of[topic_id], topic, now, stored_view(smuid))
+            else:
+                if topic_id not in targets:
+                    targets[topic_id] = receivers(subs_of[topic_id], topic, now)
+                accounts = targets[topic_id]
+            target = next_queue_consumer(accounts, account_id)
             if target is None:
                 # Nobody subscribes now: the message waits for the next subscriber
                 # (subscribe_backlog gives it one) and its timeout starts, as at a publish

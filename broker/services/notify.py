@@ -57,6 +57,18 @@ def server_timeout_event(seconds: int) -> dict:
     return {"type": "smqp.notify", "kind": "server_timeout", "timeout": seconds}
 
 
+#: Why a subscription ended other than by its account's UNSUB (profile §9.3).
+LEASE, REVOKED, REMOVED = "lease", "revoked", "removed"
+
+
+def subscription_cancelled_event(pattern: str, reason: str) -> dict:
+    """A MESSAGE subscription on ``pattern`` ended (``reason``: :data:`LEASE`,
+    :data:`REVOKED` or :data:`REMOVED`); every live session of the account is told (SMQP:
+    ``NOTIFY SUBSCRIPTION <pattern>`` / ``Action: CANCELLED`` / ``Reason: <reason>``)."""
+    return {"type": "smqp.notify", "kind": "subscription", "pattern": pattern,
+            "action": "CANCELLED", "reason": reason}
+
+
 # ------------------------------------------------------------------ committed messages
 
 #: The Channels group every listener's dispatcher reads (``broker.delivery``): a

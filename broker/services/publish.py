@@ -33,14 +33,17 @@ from . import topics as topic_service
 from .deliveries import (
     NO_PRIORITY,
     effective,
+    has_selectors,
     may_receive,
     pick_queue_consumer,
     receivers,
+    selected,
     start_timeouts,
     subscribers,
 )
 from .freshness import answer_from_fresh_caches, caches_were_stale, is_refusal
 from .prepare import PublishRequest, prepare, too_large
+from .selectors import MessageView, message_view, view_of_message
 
 __all__ = [
     "PublishRequest",
@@ -152,16 +155,27 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
     subs = subscriptions()
     allowed_by_topic = {topic_id: receivers(subs.get(topic_id, ()), topic, now)
                         for topic_id, topic in topics.items()}
-    for _, topic, row in prepared:
-        if not allowed_by_topic[topic.pk]:
-            # Nobody to wait for: the timeout starts now, stored with the row (no UPDATE).
+    # Content-based subscriptions (profile §9.2): only on topics that have some is each
+    # message shown to the selectors; elsewhere every message goes to the topic's receivers.
+    selective = {topic_id for topic_id in topics if has_selectors(subs.get(topic_id, ()))}
+    allowed_by_row: dict[int, list[int]] = {}
+    for i, topic, row in prepared:
+        if topic.pk in selective:
+            allowed_by_row[i] = receivers(
+                subs[topic.pk], topic, now,
+                lambda row=row, topic=topic, i=i: _view(row, topic, publishers[
+                    requests[i].account_id]))
+    for i, topic, row in prepared:
+        if not allowed_by_row.get(i, allowed_by_topic[topic.pk]):
+            # Nobody to wait for (or every subscriber selected it out): the timeout starts
+            # now, stored with the row (no UPDATE).
             row.expires = stored.expiry(row.timeout, now)
     # The rows of the batch's four tables go out together, as one statement (rows.Inserts).
     inserts = Inserts()
     stored.insert_messages([row for _, _, row in prepared], now, smuids, inserts)
     pairs: list[tuple[int, int]] = []
     for i, topic, row in prepared:
-        allowed = allowed_by_topic[topic.pk]
+        allowed = allowed_by_row.get(i, allowed_by_topic[topic.pk])
         if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
             accounts = [pick_queue_consumer(allowed, row.pk)]
         else:
@@ -178,6 +192,15 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
                         topic.path, row.pk, row.size, requests[i].peer, {})
                        for i, topic, row in prepared], now, inserts)
     inserts.run()
+
+
+def _view(row: NewMessage, topic: Topic | Node, publisher: str) -> MessageView:
+    """What selectors see of a message being published."""
+    return message_view(
+        topic=topic.path, publisher=publisher, name=row.name, priority=row.priority,
+        created=row.created, timeout=row.timeout, depth=row.depth, sequence=row.sequence,
+        headers=row.headers, size=row.size,
+        content_type=row.sections[0].content_type if row.sections else None)
 
 
 def _apply_queue_limits(prepared: list[Prepared], results: list) -> list[Prepared]:
@@ -230,7 +253,11 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     Delivery.objects.filter(message=message).delete()
     lock_topics([real.pk], exclusive=False)  # as a publish: see lock_topics
     subs = subscribers([real], now)().get(real.pk, [])
-    allowed = may_receive([a for a, _ in subs], real)
+    first = message.sections.order_by("position").first()
+    allowed = may_receive(selected(subs, now, lambda: view_of_message(
+        message, topic=real.path,
+        publisher=message.publisher.username if message.publisher else None,
+        content_type=first.content_type if first is not None else None)), real)
     Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
     Message.objects.filter(pk=message.pk).update(state=Message.State.PENDING, trashed=None,
                                                  expires=None)

@@ -7,24 +7,32 @@ Subscriptions belong to the account (they outlive sessions). Patterns are a topi
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from broker.domain.values import TopicPattern
-from broker.models import Subscription
+from broker.models import Subscription, selector_key
 from broker.store import messages as stored
 from broker.store.rows import lock_topics
 from topics.models import Topic
 from topics.tree import Node
 from ual.models import Right
-from ual.resolution import AccessSnapshot
+from ual.resolution import AccessSnapshot, current_generation, snapshot_for_id
 
-from . import ServiceError, not_found, notify, unauthorized
+from . import ServiceError, bad_request, not_found, notify, unauthorized
 from . import topics as topic_service
 from .freshness import answer_from_fresh_caches
+from .selectors import (
+    NO_SUCH_SUBSCRIPTION,
+    Selector,
+    canonical_class,
+    compile_selector,
+    view_of_message,
+)
 
 R = Subscription.Resource
 SERVER_TIMEOUT_PATTERN = "TIMEOUT"
@@ -46,10 +54,18 @@ def _check_limits(account_id: int, adding: int) -> None:
 @answer_from_fresh_caches
 @transaction.atomic
 def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | None,
-              since: datetime | None = None) -> list[str]:
+              since: datetime | None = None, lease: int | None = None,
+              selector: tuple[str, str] | None = None) -> list[str]:
     """Record the subscription; returns the topics it covers now (the pattern itself when a
-    wildcard matches none yet)."""
+    wildcard matches none yet). MESSAGE only (profile §9.2, §9.3): ``lease`` seconds until
+    it ends (400 unless positive; subscribing again renews it), ``selector`` its (class,
+    text): 566 / 567 when refused. An account may hold several selectors on one pattern."""
     account = snapshot.account
+    if (lease is not None or selector is not None) and resource != R.MESSAGE:
+        raise bad_request("LEASE and SELECTOR are for MESSAGE subscriptions")
+    if lease is not None and lease <= 0:
+        raise bad_request("a lease must be a positive timeout")
+    compiled = compile_selector(*selector) if selector is not None else None
     if resource == R.SERVER:
         _store(account.pk, R.SERVER, SERVER_TIMEOUT_PATTERN, None)
         return [SERVER_TIMEOUT_PATTERN]
@@ -74,17 +90,18 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
         if len(matched) > settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE:
             raise _too_many(
                 f"a subscription may cover at most {settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE} topics")
-    created = _store(account.pk, resource, str(pattern), since)
+    lease_end = timezone.now() + timedelta(seconds=lease) if lease is not None else None
+    created = _store(account.pk, resource, str(pattern), since, compiled, lease_end)
     if resource == R.MESSAGE:
         if created:
             _announce_counts(matched)
         # Messages still held there that the account never got are delivered now.
-        subscribe_backlog(account.pk, matched, since)
+        subscribe_backlog(account.pk, matched, since, compiled)
     return [t.path for t in matched] or [str(pattern)]
 
 
 def subscribe_backlog(account_id: int, topics: list[Topic | Node],
-                      since: datetime | None) -> int:
+                      since: datetime | None, selector: Selector | None = None) -> int:
     """A new MESSAGE subscription: messages still held on these topics (published after
     ``since``, not expired) that the account never got become pending deliveries for it,
     however many there are (one INSERT ... SELECT each kind of topic; the session reads
@@ -98,21 +115,51 @@ def subscribe_backlog(account_id: int, topics: list[Topic | Node],
         by_mode[target.delivery_mode == Topic.DeliveryMode.QUEUE].add(target.pk)
     # A publish batch under way on these topics commits first, or sees this subscription.
     lock_topics(by_mode[False] | by_mode[True], exclusive=True)
+    if selector is not None:
+        return sum(_selected_backlog(account_id, topic_ids, queue, since, now, selector)
+                   for queue, topic_ids in by_mode.items() if topic_ids)
     return sum(stored.add_backlog(account_id, topic_ids, queue=queue, since=since, now=now)
                for queue, topic_ids in by_mode.items() if topic_ids)
 
 
-def _store(account_id: int, resource: str, pattern: str, since: datetime | None) -> bool:
+def _selected_backlog(account_id: int, topic_ids: set[int], queue: bool,
+                      since: datetime | None, now: datetime, selector: Selector) -> int:
+    """:func:`subscribe_backlog` for a subscription with a selector: the same messages as
+    :func:`broker.store.messages.add_backlog`, read page by page and each offered to the
+    selector (in Python: the selector is not SQL)."""
+    added = 0
+    after = 0
+    while True:
+        page = stored.backlog_candidates(account_id, topic_ids, queue=queue, since=since,
+                                         now=now, after=after)
+        if not page:
+            return added
+        after = page[-1][0].pk
+        chosen = [message.pk for message, topic_path, publisher, content_type in page
+                  if selector.matches(view_of_message(message, topic=topic_path,
+                                                      publisher=publisher,
+                                                      content_type=content_type))]
+        added += stored.add_deliveries_ignoring_existing(account_id, chosen, now)
+
+
+def _store(account_id: int, resource: str, pattern: str, since: datetime | None,
+           selector: Selector | None = None, lease_end: datetime | None = None) -> bool:
+    """Create the subscription, or update the one with the same pattern and selector (its
+    since-time; its lease, renewed or, without LEASE, lifted). True when created."""
+    cls, text = (selector.cls, selector.text) if selector is not None else ("", "")
     existing = Subscription.objects.filter(
-        account_id=account_id, resource=resource, pattern_key=pattern.casefold()).first()
+        account_id=account_id, resource=resource, pattern_key=pattern.casefold(),
+        selector_key=selector_key(cls, text)).first()
     if existing is not None:
-        if existing.since != since:
+        if existing.since != since or existing.lease_end != lease_end:
             existing.since = since
-            existing.save(update_fields=["since"])
+            existing.lease_end = lease_end
+            existing.save(update_fields=["since", "lease_end"])
         return False
     _check_limits(account_id, 1)
     Subscription.objects.create(account_id=account_id, resource=resource, pattern=pattern,
-                                since=since)
+                                since=since, selector_class=cls, selector=text,
+                                lease_end=lease_end)
     return True
 
 
@@ -128,15 +175,27 @@ def _announce_counts(topics: list[Topic]) -> None:
 @answer_from_fresh_caches
 @transaction.atomic
 def unsubscribe(snapshot: AccessSnapshot, resource: str,
-                pattern: TopicPattern | None) -> list[tuple[str, str]]:
+                pattern: TopicPattern | None,
+                selector: tuple[str, str] | None = None) -> list[tuple[str, str]]:
     """Remove the account's subscriptions the pattern names: exactly that pattern, every one
     at or below ``/t`` for ``/t/*``, every one for ``*``. Returns (wire resource, pattern)
-    per removed subscription; 404 when none matched."""
+    per removed subscription; 404 when none matched. With ``selector`` (class, text), only
+    the subscription on exactly that pattern with that selector (568 when there is none)."""
     qs = Subscription.objects.filter(account=snapshot.account)
+    if selector is not None:
+        if resource != R.MESSAGE or pattern is None:
+            raise bad_request("SELECTOR is for MESSAGE subscriptions")
+        cls = canonical_class(selector[0])
+        qs = qs.filter(resource=resource, pattern_key=str(pattern).casefold(),
+                       selector_key=selector_key(cls, selector[1].strip()))
+        if not qs.exists():
+            raise ServiceError(NO_SUCH_SUBSCRIPTION, "No such subscription")
     if resource != "*":
         qs = qs.filter(resource=resource)
     if resource == R.SERVER:
         qs = qs.filter(pattern_key=SERVER_TIMEOUT_PATTERN.casefold())
+    elif selector is not None:
+        pass  # the exact pattern, chosen above
     elif pattern is not None and not (pattern.wildcard and pattern.base in ("", "/")):
         base = pattern.base.casefold()
         if pattern.wildcard:
@@ -171,3 +230,118 @@ def wants_server_timeout(account_id: int) -> bool:
 def server_timeout_watchers() -> list[int]:
     return list(Subscription.objects.filter(resource=R.SERVER).values_list("account_id",
                                                                           flat=True))
+
+
+# ------------------------------------------------------------------ subscriptions that end
+# (profile §9.3): a lease runs out, the subscribe right is revoked, the topic is removed.
+# Each ends by a DELETE that names the row as it was read, so that of several processes
+# sweeping at once exactly one ends it, and tells the account's sessions.
+
+#: The UAL generation whose rights this process last checked subscriptions against.
+_rights_checked: int | None = None
+
+
+def end_subscriptions(now: datetime | None = None, limit: int = 1000) -> int:
+    """End the MESSAGE subscriptions whose lease has run out (``limit`` at most) and, when
+    access rules changed since this process last looked, those whose account may no longer
+    subscribe to their topic. Each account is told (:func:`.notify.
+    subscription_cancelled_event`). Returns how many ended. What the Celery sweep and every
+    listener's dispatcher run, every ``SMQP_SUBSCRIPTION_SWEEP_SECONDS``."""
+    now = now or timezone.now()
+    ended = 0
+    with transaction.atomic():
+        due = list(Subscription.objects.filter(lease_end__lte=now)
+                   .order_by("lease_end", "pk")
+                   .values_list("pk", "account_id", "pattern", "lease_end")[:limit])
+        for pk, account_id, pattern, lease_end in due:
+            # Not if it was renewed meanwhile (a new lease_end).
+            if Subscription.objects.filter(pk=pk, lease_end=lease_end).delete()[0]:
+                ended += 1
+                notify.send_after_commit(
+                    [account_id], notify.subscription_cancelled_event(pattern, notify.LEASE))
+                _announce_ended(account_id, pattern)
+    return ended + end_revoked()
+
+
+def end_revoked(force: bool = False) -> int:
+    """End the MESSAGE subscriptions whose account may no longer subscribe to what they
+    name (its right revoked, directly or through a group): on an exact topic, the subscribe
+    right there; on ``/t/*``, the right on ``/t`` or on some topic below it, as SUBSCRIBE
+    asks. Only when the UAL generation moved since this process last checked (or
+    ``force``). Disabled accounts keep theirs (they cannot log in; nothing is delivered to
+    them meanwhile). Returns how many ended."""
+    global _rights_checked
+    generation = current_generation()
+    # (Negative: the shared cache is unreachable, and every call gives a new number; the
+    # scan waits for it rather than running every time.)
+    if not force and (generation == _rights_checked or generation < 0):
+        return 0
+    ended = 0
+    rows = list(Subscription.objects.filter(resource=R.MESSAGE).values_list(
+        "pk", "account_id", "pattern", "pattern_key", "selector_key"))
+    for pk, account_id, pattern, key, sel_key in rows:
+        snapshot = snapshot_for_id(account_id)
+        if not snapshot.account.is_active or _may_still_subscribe(snapshot, pattern):
+            continue
+        with transaction.atomic():
+            if Subscription.objects.filter(pk=pk, pattern_key=key,
+                                           selector_key=sel_key).delete()[0]:
+                ended += 1
+                notify.send_after_commit(
+                    [account_id], notify.subscription_cancelled_event(pattern, notify.REVOKED))
+                _announce_ended(account_id, pattern)
+    _rights_checked = generation
+    return ended
+
+
+def _announce_ended(account_id: int, pattern: str) -> None:
+    """NOTIFY SUB to the SUBSCRIBERS-watchers of the topics a MESSAGE subscription that
+    ended covered (as UNSUB does)."""
+    wildcard = pattern.endswith("/*")
+    base = pattern[:-2] if wildcard else pattern
+    try:
+        if wildcard:
+            covered = topic_service._matching(snapshot_for_id(account_id),
+                                              TopicPattern(base, True))
+        else:
+            found = topic_service.node(base)
+            covered = [found] if found is not None else []
+    except ServiceError:
+        return  # gone or hidden now: nobody to tell
+    _announce_counts(covered)
+
+
+def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
+    wildcard = pattern.endswith("/*")
+    base_path = pattern[:-2] if wildcard else pattern
+    base = topic_service.node(base_path)
+    if base is None:
+        return True  # gone (REMOVE TOPIC ends those: end_removed) or not there yet
+    if snapshot.allows(base, Right.SUBSCRIBE):
+        return True
+    if not wildcard:
+        return False
+    try:
+        below = topic_service._matching(snapshot, TopicPattern(base_path, True))
+    except ServiceError:
+        return False
+    return any(snapshot.allows(t, Right.SUBSCRIBE) for t in below)
+
+
+def end_removed(topic_keys: list[str]) -> int:
+    """REMOVE TOPIC: the MESSAGE subscriptions on these topics (by name; each with its
+    subtree, ``/t/*`` included) end, inside the caller's transaction; their accounts are
+    told once it commits. Wildcards above a removed topic stay (they cover others).
+    Returns how many ended."""
+    if not topic_keys:
+        return 0
+    named = Q()
+    for key in topic_keys:
+        named |= Q(pattern_key=key) | Q(pattern_key__startswith=key + "/")
+    ended = list(Subscription.objects.filter(named, resource=R.MESSAGE)
+                 .values_list("pk", "account_id", "pattern"))
+    Subscription.objects.filter(pk__in=[pk for pk, _, _ in ended]).delete()
+    for _, account_id, pattern in ended:
+        notify.send_after_commit(
+            [account_id], notify.subscription_cancelled_event(pattern, notify.REMOVED))
+    return len(ended)

@@ -17,7 +17,14 @@ from topics.models import Topic
 
 from . import notify
 from .ack import finish_messages
-from .deliveries import NO_PRIORITY, next_queue_consumer, receivers, subscribers
+from .deliveries import (
+    NO_PRIORITY,
+    has_selectors,
+    next_queue_consumer,
+    receivers,
+    stored_view,
+    subscribers,
+)
 from .publish import Published
 
 
@@ -81,13 +88,17 @@ def requeue_stale_queue_deliveries(now: datetime | None = None, limit: int = 100
                 "pk", "account_id", "message_id", "message__priority")[:limit])
         if not stale:
             continue
-        targets = receivers(subscribers([topic], now)().get(topic.pk, ()), topic, now)
+        subs = subscribers([topic], now)().get(topic.pk, [])
+        selective = has_selectors(subs)
+        targets = receivers(subs, topic, now)
         with transaction.atomic():
             for pk, account_id, smuid, priority in stale:
                 # Only if it is still waiting, unlocked, for that account (a session may
                 # have locked it since it was read).
                 same_turn = Delivery.objects.filter(turn_ended, pk=pk, account_id=account_id,
                                                     state=Delivery.State.PENDING)
+                if selective:  # chosen per message (profile §9.2)
+                    targets = receivers(subs, topic, now, stored_view(smuid))
                 target = next_queue_consumer(targets, account_id)
                 if target is None:
                     if same_turn.delete()[0]:

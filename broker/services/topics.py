@@ -300,6 +300,10 @@ def remove_topic(snapshot: AccessSnapshot, path: str) -> int:
         topic_id__in=subtree_ids, state=Message.State.PENDING).count()
     for t in affected:
         _notify_topic(t, "DELETED")
+    # Their MESSAGE subscriptions end, and their accounts are told (profile §9.3).
+    from .subscriptions import end_removed  # (subscriptions imports this module)
+
+    end_removed([t.key for t in affected])
     if pending == 0:
         finalize_removal(topic_ids=[t.pk for t in affected])
     return pending

@@ -19,6 +19,7 @@ from .client import (
     NotifyMessage,
     NotifyServer,
     NotifySub,
+    NotifySubscription,
     NotifyTopic,
     ServerAck,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "NotifyMessage",
     "NotifyServer",
     "NotifySub",
+    "NotifySubscription",
     "NotifyTopic",
     "ProtocolError",
     "Reply",

@@ -34,6 +34,7 @@ __all__ = [
     "NotifyMessage",
     "NotifyServer",
     "NotifySub",
+    "NotifySubscription",
     "NotifyTopic",
     "Reply",
     "ServerAck",
@@ -77,6 +78,16 @@ class NotifySub:
 
 
 @dataclass(frozen=True, slots=True)
+class NotifySubscription:
+    """``NOTIFY SUBSCRIPTION <pattern>`` with ``Action: CANCELLED`` and ``Reason: lease |
+    revoked | removed`` (profile §9.3)."""
+
+    pattern: str
+    action: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NotifyServer:
     """``NOTIFY SERVER TIMEOUT <t>`` or ``NOTIFY SERVER BYE [t]`` (``timeout`` in seconds,
     None when BYE carries none)."""
@@ -92,6 +103,7 @@ class ServerAck:
 
 ClientEvent = (
     Greeting | Reply | NotifyMessage | NotifyTopic | NotifySub | NotifyServer | ServerAck | Sentinel
+    | NotifySubscription
 )
 
 _REPLY_RE = re.compile(r"([0-9]{3})(?:([- ])(.*))?")
@@ -257,6 +269,12 @@ class ClientConnection(Reader):
                 self._begin_message()
                 return
             self._nkind = "TOPIC" if kind in _TOPIC_WORDS else "SUB"
+        elif kind == "SUBSCRIPTION":
+            pattern, extra = _take(rest)
+            if not pattern or extra:
+                raise bad_request("bad subscription notification")
+            self._ntopic = pattern
+            self._nkind = "SUBSCRIPTION"
         else:
             if kind in _SERVER_WORDS:
                 word, rest = _take(rest)
@@ -273,10 +291,16 @@ class ClientConnection(Reader):
         self._nattrs = {}
         self._state = _S_ATTRS
 
-    def _notification(self) -> NotifyTopic | NotifySub | NotifyServer:
+    def _notification(self) -> NotifyTopic | NotifySub | NotifyServer | NotifySubscription:
         attrs = self._nattrs
         if self._nkind == "SERVER":
             return NotifyServer(self._nsub, self._ntimeout)
+        if self._nkind == "SUBSCRIPTION":
+            action = attrs.get("action")
+            if action is None:
+                raise bad_request("NOTIFY SUBSCRIPTION without Action")
+            return NotifySubscription(self._ntopic, action.strip().upper(),
+                                      attrs.get("reason"))
         if self._nkind == "SUB":
             count = attrs.get("count")
             if count is None:

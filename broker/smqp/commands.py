@@ -20,10 +20,12 @@ from .values import (
     TopicPattern,
     format_datetime,
     format_keywords,
+    format_timeout,
     parse_datetime,
     parse_int,
     parse_keywords,
     parse_smuid_list,
+    parse_timeout,
     parse_topic_pattern,
     validate_topic,
 )
@@ -316,12 +318,16 @@ class Republish:
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     """``SUBSCRIBE MESSAGE|TOPIC|SUBSCRIBERS <pattern>`` (MESSAGE with an optional
-    since-time) or ``SUBSCRIBE SERVER TIMEOUT`` (``pattern`` None)."""
+    since-time, then optionally ``LEASE <timeout>`` and ``SELECTOR <class> <text>``, profile
+    §9.2 / §9.3) or ``SUBSCRIBE SERVER TIMEOUT`` (``pattern`` None). ``lease`` in seconds
+    (positive); ``selector`` is (class, text) as sent: the services check them."""
 
     name: ClassVar[str] = "SUBSCRIBE"
     resource: str
     pattern: TopicPattern | None
     since: datetime | None = None
+    lease: int | None = None
+    selector: tuple[str, str] | None = None
 
     def _wire(self) -> str:
         if self.resource == "SERVER":
@@ -329,6 +335,10 @@ class Subscribe:
         out = f"SUBSCRIBE {self.resource} {self.pattern}"
         if self.since is not None:
             out += " " + format_datetime(self.since)
+        if self.lease is not None:
+            out += " LEASE " + format_timeout(self.lease)
+        if self.selector is not None:
+            out += f" SELECTOR {self.selector[0]} {self.selector[1]}"
         return out
 
 
@@ -336,17 +346,22 @@ class Subscribe:
 class Unsubscribe:
     """``UNSUBSCRIBE MESSAGE|TOPIC|SUBSCRIBERS <pattern|*>``, ``UNSUBSCRIBE *`` (resource
     ``"*"``, pattern ``TopicPattern("", True)``) or ``UNSUBSCRIBE SERVER TIMEOUT``
-    (``pattern`` None)."""
+    (``pattern`` None); ``UNSUBSCRIBE MESSAGE <pattern> SELECTOR <class> <text>`` removes
+    the one subscription with that selector (``selector`` (class, text))."""
 
     name: ClassVar[str] = "UNSUBSCRIBE"
     resource: str
     pattern: TopicPattern | None
+    selector: tuple[str, str] | None = None
 
     def _wire(self) -> str:
         if self.resource == "*":
             return "UNSUBSCRIBE *"
         if self.resource == "SERVER":
             return "UNSUBSCRIBE SERVER TIMEOUT"
+        if self.selector is not None:
+            return (f"UNSUBSCRIBE {self.resource} {self.pattern} "
+                    f"SELECTOR {self.selector[0]} {self.selector[1]}")
         return f"UNSUBSCRIBE {self.resource} {self.pattern}"
 
 
@@ -646,12 +661,34 @@ def _p_subscribe(rest: str) -> Subscribe:
         return Subscribe(resource, None, None)
     word, rest = _word(rest)
     pattern = parse_topic_pattern(word)
-    since = None
+    since = lease = selector = None
     if rest:
         if resource != "MESSAGE":
             raise bad_request("unexpected argument")
-        since = parse_datetime(_last(rest))
-    return Subscribe(resource, pattern, since)
+        word, after = _take(rest)
+        if word.upper() not in ("LEASE", "SELECTOR"):
+            since = parse_datetime(word)
+            rest = after
+        word, after = _take(rest)
+        if word.upper() == "LEASE":
+            value, rest = _word(after)
+            lease = parse_timeout(value)
+            if lease <= 0:
+                raise bad_request("a lease must be a positive timeout")
+        selector, rest = _selector(rest)
+        _end(rest)
+    return Subscribe(resource, pattern, since, lease, selector)
+
+
+def _selector(rest: str) -> tuple[tuple[str, str] | None, str]:
+    """``SELECTOR <class> <text>``: the text runs to the end of the line (profile §9.2)."""
+    word, after = _take(rest)
+    if word.upper() != "SELECTOR":
+        return None, rest
+    cls, text = _word(after)
+    if not text.strip():
+        raise bad_request("missing selector text")
+    return (cls, text.strip()), ""
 
 
 def _p_unsubscribe(rest: str) -> Unsubscribe:
@@ -663,7 +700,13 @@ def _p_unsubscribe(rest: str) -> Unsubscribe:
     if resource == "SERVER":
         _server_attribute(rest)
         return Unsubscribe(resource, None)
-    return Unsubscribe(resource, parse_topic_pattern(_last(rest), allow_bare_star=True))
+    word, rest = _word(rest)
+    pattern = parse_topic_pattern(word, allow_bare_star=True)
+    selector = None
+    if rest and resource == "MESSAGE":
+        selector, rest = _selector(rest)
+    _end(rest)
+    return Unsubscribe(resource, pattern, selector)
 
 
 def _p_get(rest: str) -> GetMessage | GetTopicKeywords:

@@ -24,6 +24,7 @@ __all__ = [
     "serialize_notify_server_bye",
     "serialize_notify_server_timeout",
     "serialize_notify_sub",
+    "serialize_notify_subscription",
     "serialize_notify_topic",
     "serialize_reply",
 ]
@@ -181,6 +182,13 @@ def serialize_notify_topic(
 def serialize_notify_sub(topic: str, count: int) -> bytes:
     """``NOTIFY SUB <topic>``, ``Count: <n>``, empty line."""
     return f"NOTIFY SUB {_check(topic)}\r\nCount: {int(count)}\r\n\r\n".encode()
+
+
+def serialize_notify_subscription(pattern: str, action: str, reason: str) -> bytes:
+    """``NOTIFY SUBSCRIPTION <pattern>``, ``Action: <action>``, ``Reason: <reason>``, empty
+    line (profile §9.3: a subscription ended other than by the account's UNSUB)."""
+    return (f"NOTIFY SUBSCRIPTION {_check(pattern)}\r\nAction: {_check(action)}\r\n"
+            f"Reason: {_check(reason)}\r\n\r\n").encode()
 
 
 def serialize_notify_server_timeout(seconds: int) -> bytes:

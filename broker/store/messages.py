@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import Exists, OuterRef, Q, Subquery
+
 from accounts.models import Account
 from broker.domain.message import DataSection as SectionValue
 from broker.models import DataSection, Delivery, Message, Subscription, UsageEvent
@@ -139,15 +141,58 @@ def event_rows(events: list[Event], now: datetime) -> list[tuple]:
 # --------------------------------------------------------------------------- subscriptions
 
 
-def message_subscriptions(pattern_keys: Sequence[str]) -> Rows:
-    """(pattern key, account, since) of the MESSAGE subscriptions with these pattern keys;
-    sent now, read by calling the result (see :func:`.rows.query`). ``since`` as the driver
-    gives it (:func:`.rows.from_db_datetime`)."""
+def message_subscriptions(pattern_keys: Sequence[str], now: datetime) -> Rows:
+    """(pattern key, account, since, selector class, selector) of the MESSAGE subscriptions
+    with these pattern keys whose lease (if any) has not ended by ``now``; sent now, read by
+    calling the result (see :func:`.rows.query`). ``since`` as the driver gives it
+    (:func:`.rows.from_db_datetime`)."""
     ph = placeholder()
     return query(  # once per publish batch: plain SQL
-        f"SELECT pattern_key, account_id, since FROM {Subscription._meta.db_table} "
-        f"WHERE resource = {ph} AND pattern_key IN ({marks(ph, len(pattern_keys))})",
-        [Subscription.Resource.MESSAGE.value, *pattern_keys])
+        f"SELECT pattern_key, account_id, since, selector_class, selector "
+        f"FROM {Subscription._meta.db_table} "
+        f"WHERE resource = {ph} AND pattern_key IN ({marks(ph, len(pattern_keys))}) "
+        f"AND (lease_end IS NULL OR lease_end > {ph})",
+        [Subscription.Resource.MESSAGE.value, *pattern_keys, db_datetime(now)])
+
+
+#: Messages read per page when a subscription with a selector takes its backlog.
+BACKLOG_CANDIDATES_PAGE = 500
+
+
+def backlog_candidates(account_id: int, topic_ids: set[int], *, queue: bool,
+                       since: datetime | None, now: datetime,
+                       after: int = 0) -> list[tuple[Message, str, str | None, str | None]]:
+    """The messages :func:`add_backlog` would add, one page (smuid above ``after``), each
+    with (topic path, publisher name, first data section's content type): for a selector
+    to choose among."""
+    held = Delivery.objects.filter(message_id=OuterRef("pk"))
+    if not queue:
+        held = held.filter(account_id=account_id)
+    qs = (Message.objects.filter(topic_id__in=topic_ids, state=Message.State.PENDING,
+                                 pk__gt=after)
+          .filter(Q(expires__isnull=True) | Q(expires__gt=now))
+          .exclude(Exists(held)))
+    if since is not None:
+        qs = qs.filter(received__gte=since)
+    first_type = DataSection.objects.filter(message_id=OuterRef("pk"), position=0)
+    rows = list(qs.select_related("topic", "publisher")
+                .annotate(first_type=Subquery(first_type.values("content_type")[:1]))
+                .order_by("pk")[:BACKLOG_CANDIDATES_PAGE])
+    return [(m, m.topic.path, m.publisher.username if m.publisher else None, m.first_type)
+            for m in rows]
+
+
+def add_deliveries_ignoring_existing(account_id: int, smuids: list[int],
+                                     now: datetime) -> int:
+    """Pending deliveries to ``account_id`` of these messages, but none it has already.
+    Returns how many were added."""
+    had = set(Delivery.objects.filter(account_id=account_id, message_id__in=smuids)
+              .values_list("message_id", flat=True))
+    new = [m for m in smuids if m not in had]
+    # (A conflict with a row made meanwhile is ignored: the account has it, once.)
+    Delivery.objects.bulk_create(
+        [Delivery(account_id=account_id, message_id=m) for m in new], ignore_conflicts=True)
+    return len(new)
 
 
 def add_backlog(account_id: int, topic_ids: set[int], *, queue: bool,

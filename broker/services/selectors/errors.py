@@ -1,0 +1,59 @@
+"""Selector refusals (profile §9.2): 566 unsupported class, 567 incorrect selector (with the
+column, 1-based, in the selector text), and the nesting bound."""
+
+from __future__ import annotations
+
+from lark import Token, Tree
+
+from .. import ServiceError
+
+UNSUPPORTED = 566
+INCORRECT = 567
+NO_SUCH_SUBSCRIPTION = 568
+
+
+class SelectorError(ServiceError):
+    """A selector refused: ``code`` 566 or 567, ``what`` went wrong, at ``column`` (567;
+    1-based in the selector text, None for 566). Doors render it as they like; SMQP sends
+    ``text`` as is (``567 Incorrect message selector (unexpected ')' at column 7)``)."""
+
+    def __init__(self, code: int, what: str, column: int | None = None) -> None:
+        if code == UNSUPPORTED:
+            text = "Unsupported selector class"
+        else:
+            where = f" at column {column}" if column is not None else ""
+            text = f"Incorrect message selector ({what}{where})"
+        super().__init__(code, text)
+        self.what = what
+        self.column = column
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.code, self.what, self.column))
+
+
+def unsupported(cls: str) -> SelectorError:
+    return SelectorError(UNSUPPORTED, f"unsupported selector class {cls!r}")
+
+
+def incorrect(what: str, column: int | None) -> SelectorError:
+    return SelectorError(INCORRECT, what, column)
+
+
+def check_depth(tree: Tree, max_depth: int) -> None:
+    """Refuse a parse tree nested deeper than ``max_depth`` (walked with a stack of its
+    own, so that a deep tree cannot exhaust Python's): the evaluators recurse once per
+    level. Flat chains (``a OR b OR c``, ``a + b + c``, ``(&(a=1)(b=2)...)``) are one level."""
+    stack: list[tuple[Tree | Token, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, Tree):
+            continue
+        if depth > max_depth:
+            column = getattr(node.meta, "column", None) if hasattr(node, "meta") else None
+            raise incorrect(f"nested deeper than {max_depth} levels", column or 1)
+        stack.extend((child, depth + 1) for child in node.children)
+
+
+def shown(value: str, most: int = 24) -> str:
+    """A piece of the selector quoted in an error reply: short, escapes visible."""
+    return repr(value if len(value) <= most else value[:most] + "...")
