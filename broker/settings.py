@@ -353,3 +353,33 @@ SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT
 SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)
 SMQP_TRASH_RETENTION = env_int("SMQP_TRASH_RETENTION", 7 * 86_400)
 SMQP_NOTIFY_CONNECT_TIMEOUT = env_int("SMQP_NOTIFY_CONNECT_TIMEOUT", 5)
+
+# --- REST API (issue 24, docs: ../shared/design/REST-API.md) ----------------------------------
+INSTALLED_APPS += ["drf_spectacular", "drf_spectacular_sidecar", "api"]
+REST_FRAMEWORK.update({
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "api.authentication.BearerAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "api.problems.handler",
+    "DEFAULT_SCHEMA_CLASS": "api.schema.ProblemAutoSchema",
+    "UNAUTHENTICATED_USER": None,
+})
+SPECTACULAR_SETTINGS = {
+    "TITLE": "SMQP broker REST API",
+    "DESCRIPTION": "Topics, publish, pull/ack, subscriptions and access lists over HTTP; "
+                   "the same rules as SMQP. Refusals are RFC 9457 problem details.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+# Days a new API token is valid unless its maker says otherwise.
+SMQP_API_TOKEN_DAYS = env_int("SMQP_API_TOKEN_DAYS", 90)
+# Items per page of a list (by default; a client may ask for up to the maximum).
+SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
+SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)
