@@ -103,8 +103,12 @@ def pull(snapshot: AccessSnapshot, subscription_id: int, limit: int) -> list[Pul
     holder, token = new_holder()
     now = timezone.now()
     order = (Coalesce("message__priority", Value(NO_PRIORITY)).asc(), F("message_id").asc())
+    # Waiting, or locked by a lock past its deadline that no sweep has ended yet (the lock
+    # statement takes such a lock over for the same account, as a session's does).
+    free = Q(state=Delivery.State.PENDING) | Q(state=Delivery.State.NOTIFIED,
+                                               next_attempt__lte=now)
     waiting = Delivery.objects.filter(
-        account_id=account_id, state=Delivery.State.PENDING,
+        free, account_id=account_id,
         message__state=Message.State.PENDING, message__topic_id__in=list(topics),
     ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).order_by(*order)
     locked: list[int] = []
