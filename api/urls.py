@@ -48,7 +48,7 @@ async def pull_entry(request, *args, **kwargs):
 pull_entry.cls = _pull.cls  # type: ignore[attr-defined]
 pull_entry.initkwargs = _pull.initkwargs  # type: ignore[attr-defined]
 
-TOPIC = r"(?P<path>[^?#]+?)"
+TOPIC = r"(?P<path>[\s\S]+?)"
 
 v1 = [
     path("auth/tokens", views.TokensView.as_view()),
@@ -69,6 +69,8 @@ v1 = [
     path("ual/explain", views.ExplainView.as_view()),
     path("accounts/", views.AccountsView.as_view()),
     path("accounts/<str:name>", views.AccountView.as_view()),
+    # Anything else under /api/v1/ is a problem document too, not Django's HTML page.
+    re_path(r"^[\s\S]*$", views.NoSuchResource.as_view()),
 ]
 
 urlpatterns = [

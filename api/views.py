@@ -11,6 +11,7 @@ import re
 import time
 import uuid
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -442,7 +443,8 @@ class PullView(APIView):
         data = valid(s.PullRequestSerializer, request.data)
         snap = snapshot(request)
         pull_service.subscription_of(snap, pk)  # 404 before any wait
-        deadline = time.monotonic() + data["wait_seconds"]
+        deadline = time.monotonic() + min(data["wait_seconds"],
+                                          settings.SMQP_API_PULL_MAX_WAIT)
         pause = 0.05
         while True:
             got = pull_service.pull(snap, pk, data["max"])
@@ -574,3 +576,19 @@ class AccountView(APIView):
             raise not_found("account")
         return Response(account_data(account))
 
+
+
+@extend_schema(exclude=True)
+class NoSuchResource(APIView):
+    """What no route under /api/v1/ names: 404 as problem details, whatever the method."""
+
+    permission_classes = [permissions.AllowAny]
+
+    def dispatch(self, request, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        request = self.initialize_request(request, *args, **kwargs)
+        self.request = request
+        self.headers = self.default_response_headers
+        response = problem(404, "Not found (no such resource)", 404)
+        self.response = self.finalize_response(request, response, *args, **kwargs)
+        return self.response

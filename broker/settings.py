@@ -377,9 +377,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The schema and its docs page are public (they describe the API, and hold no data).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
 }
 # Days a new API token is valid unless its maker says otherwise.
 SMQP_API_TOKEN_DAYS = env_int("SMQP_API_TOKEN_DAYS", 90)
 # Items per page of a list (by default; a client may ask for up to the maximum).
 SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
 SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)
+# A pull waits at most this long for a message, whatever its wait_seconds (at most 20).
+SMQP_API_PULL_MAX_WAIT = float(os.environ.get("SMQP_API_PULL_MAX_WAIT", "20"))

@@ -26,7 +26,8 @@ from topics.models import Topic
 from ual.models import UALEntry
 from ual.resolution import AccessSnapshot
 snap = AccessSnapshot(Account.objects.get(username='root'))
-for p in ['/s', '/s/a', '/s/b', '/s/fan', '/s/sel', '/q', '/q/work', '/q/short', '/q/nack', '/hidden',
+for p in ['/s', '/s/a', '/s/b', '/s/fan', '/s/sel', '/q', '/q/work', '/q/short', '/q/nack',
+          '/hidden',
           '/m', '/m/t']:
     ts.create_topic(snap, p)
 Topic.objects.filter(path__in=['/q/work', '/q/short', '/q/nack']).update(delivery_mode='queue')
