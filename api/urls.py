@@ -27,50 +27,53 @@ class IdConverter:
 
 register_converter(IdConverter, "id")
 
-_pull = views.PullView.as_view()
+def offthread(view_class: type) -> object:
+    """The DRF view in a worker thread of its own (asgiref's executor), not on the one
+    thread Django runs every synchronous view on in turn: REST requests (a long-poll pull
+    above all) then wait on the database side by side, not one after another. The services
+    are thread-safe (the topic tree and access snapshot caches are shared under locks);
+    each thread keeps its own database connection (``CONN_MAX_AGE``)."""
+    view = view_class.as_view()
 
+    @csrf_exempt
+    async def entry(request, *args, **kwargs):
+        def run():
+            try:
+                return view(request, *args, **kwargs)
+            finally:
+                close_old_connections()  # as request_finished does on Django's own thread
 
-@csrf_exempt
-async def pull_entry(request, *args, **kwargs):
-    """The pull view in a thread of its own (not the one Django runs every synchronous
-    view on, one at a time): a long poll waits there without holding other requests up."""
+        return await sync_to_async(run, thread_sensitive=False)()
 
-    def run():
-        try:
-            return _pull(request, *args, **kwargs)
-        finally:
-            close_old_connections()
+    # drf-spectacular finds the DRF view behind the wrapper by these.
+    entry.cls = view.cls  # type: ignore[attr-defined]
+    entry.initkwargs = view.initkwargs  # type: ignore[attr-defined]
+    return entry
 
-    return await sync_to_async(run, thread_sensitive=False)()
-
-
-# drf-spectacular finds the DRF view behind the wrapper by these.
-pull_entry.cls = _pull.cls  # type: ignore[attr-defined]
-pull_entry.initkwargs = _pull.initkwargs  # type: ignore[attr-defined]
 
 TOPIC = r"(?P<path>[\s\S]+?)"
 
 v1 = [
-    path("auth/tokens", views.TokensView.as_view()),
-    path("auth/tokens/<id:pk>", views.TokenView.as_view()),
-    path("topics/", views.TopicsView.as_view()),
+    path("auth/tokens", offthread(views.TokensView)),
+    path("auth/tokens/<id:pk>", offthread(views.TokenView)),
+    path("topics/", offthread(views.TopicsView)),
     re_path(rf"^topics/{TOPIC}/messages/(?P<smuid>[0-9]{{1,18}})$",
-            views.TopicMessageView.as_view()),
-    re_path(rf"^topics/{TOPIC}/messages$", views.TopicMessagesView.as_view()),
-    re_path(rf"^topics/{TOPIC}$", views.TopicView.as_view()),
-    path("messages/<id:smuid>/republish", views.RepublishView.as_view()),
-    path("subscriptions/", views.SubscriptionsView.as_view()),
-    path("subscriptions/<id:pk>", views.SubscriptionView.as_view()),
-    path("subscriptions/<id:pk>/pull", pull_entry),
-    path("receipts/<str:receipt>/ack", views.AckView.as_view()),
-    path("receipts/<str:receipt>/nack", views.NackView.as_view()),
-    path("ual/entries/", views.EntriesView.as_view()),
-    path("ual/entries/<id:pk>", views.EntryView.as_view()),
-    path("ual/explain", views.ExplainView.as_view()),
-    path("accounts/", views.AccountsView.as_view()),
-    path("accounts/<str:name>", views.AccountView.as_view()),
+            offthread(views.TopicMessageView)),
+    re_path(rf"^topics/{TOPIC}/messages$", offthread(views.TopicMessagesView)),
+    re_path(rf"^topics/{TOPIC}$", offthread(views.TopicView)),
+    path("messages/<id:smuid>/republish", offthread(views.RepublishView)),
+    path("subscriptions/", offthread(views.SubscriptionsView)),
+    path("subscriptions/<id:pk>", offthread(views.SubscriptionView)),
+    path("subscriptions/<id:pk>/pull", offthread(views.PullView)),
+    path("receipts/<str:receipt>/ack", offthread(views.AckView)),
+    path("receipts/<str:receipt>/nack", offthread(views.NackView)),
+    path("ual/entries/", offthread(views.EntriesView)),
+    path("ual/entries/<id:pk>", offthread(views.EntryView)),
+    path("ual/explain", offthread(views.ExplainView)),
+    path("accounts/", offthread(views.AccountsView)),
+    path("accounts/<str:name>", offthread(views.AccountView)),
     # Anything else under /api/v1/ is a problem document too, not Django's HTML page.
-    re_path(r"^[\s\S]*$", views.NoSuchResource.as_view()),
+    re_path(r"^[\s\S]*$", offthread(views.NoSuchResource)),
 ]
 
 urlpatterns = [
