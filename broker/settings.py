@@ -388,3 +388,7 @@ SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
 SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)
 # A pull waits at most this long for a message, whatever its wait_seconds (at most 20).
 SMQP_API_PULL_MAX_WAIT = float(os.environ.get("SMQP_API_PULL_MAX_WAIT", "20"))
+# Hours a publish's Idempotency-Key result is kept (then forgotten by a Celery sweep).
+SMQP_API_IDEMPOTENCY_HOURS = env_int("SMQP_API_IDEMPOTENCY_HOURS", 24)
+CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {
+    "task": "api.purge_idempotency_keys", "schedule": 3600}

@@ -132,3 +132,17 @@ def test_a_publish_body_is_a_message_or_a_validation_error(body):
             assert "\r" not in value and "\n" not in value and ":" not in name
     else:
         assert serializer.errors
+
+
+def test_idempotency_results_are_forgotten_after_the_retention(db):
+    from api.models import IdempotencyKey
+    from api.tasks import purge_idempotency_keys
+
+    bob = make_account("bob")
+    for key in ("old", "new"):
+        IdempotencyKey.objects.create(account=bob, key=key, fingerprint="f", status=201,
+                                      response={})
+    IdempotencyKey.objects.filter(key="old").update(
+        created=timezone.now() - timedelta(hours=25))
+    assert purge_idempotency_keys() == 1
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["new"]
