@@ -7,6 +7,7 @@ explain endpoint as the admin's effective-rights page; tokens; Idempotency-Key."
 from __future__ import annotations
 
 import html
+import re
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from tests.api_stack import ApiStack, api_stack
+from tests.conftest import run_manage
 from tests.smqp_session import smuid_of
 from tests.test_e2e_admin_services import AdminClient
 
@@ -379,3 +381,33 @@ def test_lists_are_cursor_paged(stack):
             url = page["next"]
         assert seen == sorted(seen, key=str.casefold) and len(seen) == len(set(seen)) > 6
         assert root.get("topics/", params={"cursor": "!!"}).status_code == 400
+
+
+def test_a_token_made_in_the_admin_works_until_revoked_there(stack):
+    admin = AdminClient(stack.http, "root", "pw")
+    page = "/admin/api/apitoken/add/"
+    fields = admin.fields(page)
+    alice_pk = stack_account_pk(stack, "alice")
+    _url, body = admin.post(page, {**fields, "account": str(alice_pk), "name": "from-admin",
+                                  "expires_0": "2099-01-01", "expires_1": "00:00:00",
+                                  "_save": "Save"})
+    token = re.search(r"(smqp_[0-9a-f]{16}_[A-Za-z0-9_-]+)", body)
+    assert token, body[:3000]
+    auth = {"Authorization": f"Bearer {token.group(1)}"}
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=30, headers=auth) as alice:
+        assert alice.get("subscriptions/").status_code == 200
+        mine = alice.get("auth/tokens").json()["results"]
+        made = next(t for t in mine if t["name"] == "from-admin")
+        assert made["expires"].startswith("2099-01-01")
+        changelist = "/admin/api/apitoken/"
+        admin.post(changelist, {"action": "revoke_tokens", "_selected_action": made["id"],
+                                "csrfmiddlewaretoken": admin.fields(changelist)[
+                                    "csrfmiddlewaretoken"]})
+        assert alice.get("subscriptions/").status_code == 401
+
+
+def stack_account_pk(stack: ApiStack, name: str) -> int:
+    out = run_manage(stack.env, "shell", "--no-imports", "-c",
+                     "from accounts.models import Account\n"
+                     f"print(Account.objects.get(username={name!r}).pk)").stdout
+    return int(out.strip().splitlines()[-1])
