@@ -3,7 +3,10 @@ UI, served from the broker's own static files: drf-spectacular-sidecar)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import close_old_connections
 from django.urls import include, path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
@@ -27,12 +30,20 @@ class IdConverter:
 
 register_converter(IdConverter, "id")
 
-def offthread(view_class: type) -> object:
-    """The DRF view in a worker thread of its own (asgiref's executor), not on the one
-    thread Django runs every synchronous view on in turn: REST requests (a long-poll pull
-    above all) then wait on the database side by side, not one after another. The services
-    are thread-safe (the topic tree and access snapshot caches are shared under locks);
-    each thread keeps its own database connection (``CONN_MAX_AGE``)."""
+#: Worker threads of the REST views, and apart from them those of pulls, which may wait
+#: (long polling) without taking a thread from other requests. Each thread keeps its own
+#: database connection (CONN_MAX_AGE).
+VIEW_THREADS = ThreadPoolExecutor(max_workers=settings.SMQP_API_THREADS,
+                                  thread_name_prefix="api")
+PULL_THREADS = ThreadPoolExecutor(max_workers=settings.SMQP_API_PULL_THREADS,
+                                  thread_name_prefix="api-pull")
+
+
+def offthread(view_class: type, executor: ThreadPoolExecutor = VIEW_THREADS) -> object:
+    """The DRF view in a worker thread of ``executor``, not on the one thread Django runs
+    every synchronous view on in turn: REST requests then wait on the database side by
+    side, not one after another. The services are thread-safe (the topic tree and access
+    snapshot caches are shared under locks)."""
     view = view_class.as_view()
 
     @csrf_exempt
@@ -43,7 +54,7 @@ def offthread(view_class: type) -> object:
             finally:
                 close_old_connections()  # as request_finished does on Django's own thread
 
-        return await sync_to_async(run, thread_sensitive=False)()
+        return await sync_to_async(run, thread_sensitive=False, executor=executor)()
 
     # drf-spectacular finds the DRF view behind the wrapper by these.
     entry.cls = view.cls  # type: ignore[attr-defined]
@@ -64,7 +75,7 @@ v1 = [
     path("messages/<id:smuid>/republish", offthread(views.RepublishView)),
     path("subscriptions/", offthread(views.SubscriptionsView)),
     path("subscriptions/<id:pk>", offthread(views.SubscriptionView)),
-    path("subscriptions/<id:pk>/pull", offthread(views.PullView)),
+    path("subscriptions/<id:pk>/pull", offthread(views.PullView, PULL_THREADS)),
     path("receipts/<str:receipt>/ack", offthread(views.AckView)),
     path("receipts/<str:receipt>/nack", offthread(views.NackView)),
     path("ual/entries/", offthread(views.EntriesView)),

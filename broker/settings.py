@@ -388,6 +388,9 @@ SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
 SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)
 # A pull waits at most this long for a message, whatever its wait_seconds (at most 20).
 SMQP_API_PULL_MAX_WAIT = float(os.environ.get("SMQP_API_PULL_MAX_WAIT", "20"))
+# Daphne's worker threads for REST requests, and apart from them for (long-polling) pulls.
+SMQP_API_THREADS = env_int("SMQP_API_THREADS", 8)
+SMQP_API_PULL_THREADS = env_int("SMQP_API_PULL_THREADS", 16)
 # Hours a publish's Idempotency-Key result is kept (then forgotten by a Celery sweep).
 SMQP_API_IDEMPOTENCY_HOURS = env_int("SMQP_API_IDEMPOTENCY_HOURS", 24)
 CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {

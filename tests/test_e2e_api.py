@@ -11,6 +11,7 @@ import re
 import time
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -28,7 +29,7 @@ from topics.models import Topic
 from ual.models import UALEntry
 from ual.resolution import AccessSnapshot
 snap = AccessSnapshot(Account.objects.get(username='root'))
-for p in ['/s', '/s/a', '/s/b', '/s/fan', '/s/sel', '/q', '/q/work', '/q/short', '/q/nack',
+for p in ['/s', '/s/a', '/s/b', '/s/lp', '/s/fan', '/s/sel', '/q', '/q/work', '/q/short', '/q/nack',
           '/hidden',
           '/m', '/m/t']:
     ts.create_topic(snap, p)
@@ -411,3 +412,25 @@ def stack_account_pk(stack: ApiStack, name: str) -> int:
                      "from accounts.models import Account\n"
                      f"print(Account.objects.get(username={name!r}).pk)").stdout
     return int(out.strip().splitlines()[-1])
+
+
+def test_long_polls_wait_for_a_publish_without_holding_other_requests(stack):
+    """Ten pulls wait (more than Daphne's view threads, 8): meanwhile other requests are
+    answered, and each pull returns with a message once they are published."""
+    with stack.client("bob") as bob, stack.client() as root:
+        sub = subscribe(bob, "/s/lp")
+        clients = [stack.client("bob") for _ in range(10)]
+        try:
+            with ThreadPoolExecutor(10) as pool:
+                waiting = [pool.submit(pull, c, sub, 1, 15) for c in clients]
+                time.sleep(1)  # (not an assertion: lets the pulls reach the server first)
+                assert root.get("topics/s/lp").status_code == 200
+                assert root.get("subscriptions/").status_code == 200
+                assert not any(f.done() for f in waiting)  # all still waiting
+                sent = {publish(root, "s/lp", f"wake {i}") for i in range(10)}
+                got = [m["smuid"] for f in waiting for m in f.result(timeout=60)]
+            assert sorted(got) == sorted(sent)  # each pull one message, none twice
+        finally:
+            for c in clients:
+                c.close()
+        bob.delete(f"subscriptions/{sub}")
