@@ -434,3 +434,43 @@ def test_long_polls_wait_for_a_publish_without_holding_other_requests(stack):
             for c in clients:
                 c.close()
         bob.delete(f"subscriptions/{sub}")
+
+
+def test_messages_one_by_one_and_since_and_bad_receipts(stack):
+    with stack.client() as root, stack.client("bob") as bob, stack.client("alice") as alice:
+        first = publish(root, "m/t", "one", Name="first")
+        second = publish(root, "m/t", "two")
+        one = root.get(f"topics/m/t/messages/{first}")
+        assert one.status_code == 200 and one.json()["headers"]["Name"] == "first"
+        assert root.get(f"topics/s/a/messages/{first}").status_code == 404  # not there
+        after = root.get("topics/m/t/messages", params={"since": first}).json()["results"]
+        assert [m["smuid"] for m in after] == [second]
+        binary = root.post("topics/m/t/messages", json={"sections": [
+            {"content_type": "application/octet-stream", "base64": "AAEC/w=="}]})
+        assert binary.status_code == 201
+        got = root.get(f"topics/m/t/messages/{binary.json()['smuid']}").json()
+        assert got["sections"][0] == {"content_type": "application/octet-stream", "size": 4,
+                                      "base64": "AAEC/w=="}
+        for bad in ("nope", "1", "1.", ".x", "99999999999999999999.abc", "5.a/b"):
+            reply = root.post(f"receipts/{urllib.parse.quote(bad, safe='')}/ack")
+            assert reply.status_code in (404, 409), (bad, reply.text)
+            assert reply.headers["content-type"] == "application/problem+json"
+        sub = subscribe(alice, "/s/b")
+        assert bob.post(f"subscriptions/{sub}/pull", json={}).status_code == 404  # not his
+        assert bob.delete(f"subscriptions/{sub}").status_code == 404
+        assert alice.post(f"subscriptions/{sub}/pull", json={"max": 0}).status_code == 400
+        alice.delete(f"subscriptions/{sub}")
+        refused = bob.post("subscriptions/", json={"pattern": "/hidden"})
+        assert refused.status_code == 404 and refused.json()["smqp_code"] == 404
+        with stack.session("bob") as session:
+            assert session.command("SUB MESSAGE /hidden").code == 404
+
+
+def test_an_expired_token_gets_401(stack):
+    token = stack.token("alice", "short")
+    run_manage(stack.env, "shell", "--no-imports", "-c",
+               "from api.models import ApiToken\nfrom django.utils import timezone\n"
+               "ApiToken.objects.filter(name='short').update(expires=timezone.now())")
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}) as client:
+        assert client.get("subscriptions/").status_code == 401
