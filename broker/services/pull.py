@@ -35,6 +35,8 @@ from .locks import ack_locked, lock, release_held
 from .publish import Published
 from .read import load_for_delivery
 
+#: A pull looks at most this many pages of candidates before it answers with what it got.
+CANDIDATE_PAGES = 5
 #: Holders of REST locks start with this; account names (and so SMQP guids) cannot hold ":".
 HOLDER_PREFIX = "rest:"
 
@@ -112,14 +114,22 @@ def pull(snapshot: AccessSnapshot, subscription_id: int, limit: int) -> list[Pul
         message__state=Message.State.PENDING, message__topic_id__in=list(topics),
     ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).order_by(*order)
     locked: list[int] = []
-    # A few more than asked for: another consumer may lock some of them first.
-    for smuid, topic_id in waiting.values_list("message_id", "message__topic_id")[:limit * 2]:
-        params = effective(topics[topic_id])
-        if lock(account_id, holder, smuid, int(params["retry_timeout"] or 30),
-                int(params["max_retries"] or 0)):
-            locked.append(smuid)
-            if len(locked) >= limit:
-                break
+    tried: list[int] = []
+    # Candidates a page at a time (twice what is asked for): other consumers of the account
+    # race for the same first ones, and each one lost is skipped, not the rest of the queue.
+    for _ in range(CANDIDATE_PAGES):
+        page = list(waiting.exclude(message_id__in=tried).values_list(
+            "message_id", "message__topic_id")[:limit * 2])
+        for smuid, topic_id in page:
+            tried.append(smuid)
+            params = effective(topics[topic_id])
+            if lock(account_id, holder, smuid, int(params["retry_timeout"] or 30),
+                    int(params["max_retries"] or 0)):
+                locked.append(smuid)
+                if len(locked) >= limit:
+                    break
+        if len(locked) >= limit or len(page) < limit * 2:
+            break
     if not locked:
         return []
     held = {m: (deadline, attempts) for m, deadline, attempts in Delivery.objects.filter(
