@@ -47,7 +47,11 @@ def params(request: Request, kind: type | tuple[type, ...]) -> tuple[Any, int]:
     after = None
     if cursor:
         after = decode(cursor)
-        if not isinstance(after, kind) or isinstance(after, bool):
+        # Only what a `next` link can hold: a row id in the database's range, or a key
+        # without NUL (neither database takes one in a string).
+        if not isinstance(after, kind) or isinstance(after, bool) or (
+                isinstance(after, int) and not 0 <= after <= 2**62) or (
+                isinstance(after, str) and (len(after) > 1024 or "\x00" in after)):
             raise ValidationError({"cursor": ["Invalid cursor."]})
     return after, limit
 

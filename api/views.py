@@ -274,6 +274,7 @@ class TopicView(APIView):
 # -------------------------------------------------------------------------------- messages
 
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+ACCOUNT_NAME = re.compile(r"[^\W\d_]\w{0,63}")
 
 
 class TopicMessagesView(APIView):
@@ -571,6 +572,9 @@ class AccountView(APIView):
 
     @extend_schema(responses=s.AccountSerializer)
     def get(self, request: Request, name: str) -> Response:
+        # A name no account can have (NUL, say, which no database takes) is not looked up.
+        if not ACCOUNT_NAME.fullmatch(name):
+            raise not_found("account")
         account = Account.objects.filter(username_key=name.casefold()).first()
         if account is None:
             raise not_found("account")

@@ -146,3 +146,13 @@ def test_idempotency_results_are_forgotten_after_the_retention(db):
         created=timezone.now() - timedelta(hours=25))
     assert purge_idempotency_keys() == 1
     assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["new"]
+
+
+@pytest.mark.parametrize("value", [10**30, -1, True, "a\x00b", "x" * 2000])
+def test_a_cursor_the_database_cannot_take_is_refused(value, rf):
+    from rest_framework.request import Request
+
+    request = Request(rf.get("/", {"cursor": pagination.encode(value)}))
+    kind = str if isinstance(value, str) else int
+    with pytest.raises(ValidationError):
+        pagination.params(request, kind)

@@ -6,6 +6,7 @@ explain endpoint as the admin's effective-rights page; tokens; Idempotency-Key."
 
 from __future__ import annotations
 
+import base64
 import html
 import re
 import time
@@ -366,6 +367,9 @@ def test_accounts_are_staff_only(stack):
         assert root.post("accounts/", json={"username": "1bad",
                                             "password": "x8#kLq2!vz"}).status_code == 400
         assert root.get("accounts/carol").json()["username"] == "carol"
+        for bad in ("%00", "a%00b", "nobody", "x" * 70):
+            missing = root.get(f"accounts/{bad}")
+            assert missing.status_code == 404 and missing.json()["smqp_code"] == 404
         names = [a["username"] for a in root.get("accounts/", params={"limit": 2}).json()[
             "results"]]
         assert len(names) == 2
@@ -382,6 +386,10 @@ def test_lists_are_cursor_paged(stack):
             url = page["next"]
         assert seen == sorted(seen, key=str.casefold) and len(seen) == len(set(seen)) > 6
         assert root.get("topics/", params={"cursor": "!!"}).status_code == 400
+        for value in ("10" * 20, '"a\\u0000b"', "-1"):  # JSON a next link never holds
+            cursor = base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+            for url in ("subscriptions/", "topics/", "accounts/", "ual/entries/"):
+                assert root.get(url, params={"cursor": cursor}).status_code == 400, url
 
 
 def test_a_token_made_in_the_admin_works_until_revoked_there(stack):
