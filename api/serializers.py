@@ -9,6 +9,8 @@ import re
 from rest_framework import serializers
 
 from broker.domain import message as codec
+from broker.domain.errors import ProtocolError
+from broker.domain.values import validate_keyword
 from topics.models import QUEUE_PARAMETERS, Topic
 from ual.models import Effect, PrincipalKind, Right
 
@@ -77,8 +79,18 @@ class ParametersSerializer(serializers.Serializer):
                                                allow_null=True)
 
 
+def _keyword(value: str) -> None:
+    """A keyword as SMQP takes it (they go out on its wire: GET TOPIC KEYWORDS, NOTIFY)."""
+    try:
+        validate_keyword(value)
+    except (ProtocolError, ValueError) as exc:
+        raise serializers.ValidationError(
+            "Not a keyword (none of / \\ , ( ), no control character, no outer space).") \
+            from exc
+
+
 def Keyword() -> serializers.CharField:
-    return serializers.CharField(max_length=200)
+    return serializers.CharField(max_length=200, validators=[_keyword])
 
 
 class TopicCreateSerializer(serializers.Serializer):

@@ -277,6 +277,8 @@ def test_topics_are_created_changed_and_removed_by_the_topic_rules(stack):
         assert bob.post("topics/", json={"path": "/m/new"}).json()["smqp_code"] == 409
         assert bob.post("topics/", json={"path": "/s/x"}).json()["smqp_code"] == 401
         assert bob.post("topics/", json={"path": "/m/Trash"}).status_code == 403
+        for bad in ("a,b", "x\r\nNOTIFY", "(x)"):  # keywords go out on the SMQP wire
+            assert bob.patch("topics/m/new", json={"keywords": [bad]}).status_code == 400
         renamed = bob.patch("topics/m/new", json={"path": "/m/newer", "keywords": ["Red"]})
         assert renamed.status_code == 200, renamed.text
         assert renamed.json()["path"] == "/m/newer"
