@@ -87,6 +87,8 @@ test: services postgres lint browser
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
 
 bench: services postgres
+	@# RabbitMQ's HTTP API is the reference of `python -m bench rest` (management plugin).
+	@command -v rabbitmq-plugins >/dev/null && $(SUDO) rabbitmq-plugins enable rabbitmq_management >/dev/null 2>&1 || true
 	$(PY) -m bench $(BENCH_ARGS)
 
 clean:

@@ -10,6 +10,7 @@ Examples::
     python -m bench tls                                  # TLS handshakes, failed-login timing
     python -m bench qqp --db both                        # QQP items/s against SMQP publish
     python -m bench selectors --db both                  # selector subscriptions, evaluations/s
+    python -m bench rest                                 # REST API against RabbitMQ HTTP
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import messages, qqp, selectors, smqp_load, tls
+from . import messages, qqp, rest, selectors, smqp_load, tls
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -30,6 +31,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "tls": tls,
     "qqp": qqp,
     "selectors": selectors,
+    "rest": rest,  # REST publish and pull/ack against RabbitMQ's HTTP API
 }
 DEFAULT = "commands"
 

@@ -381,3 +381,45 @@ CELERY_BEAT_SCHEDULE["end-subscriptions"] = {
     "task": "broker.end_subscriptions",
     "schedule": SMQP_SUBSCRIPTION_SWEEP_SECONDS,
 }
+
+# --- REST API (issue 24, docs: ../shared/design/REST-API.md) ----------------------------------
+INSTALLED_APPS += ["drf_spectacular", "drf_spectacular_sidecar", "api"]
+REST_FRAMEWORK.update({
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "api.authentication.BearerAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "api.problems.handler",
+    "DEFAULT_SCHEMA_CLASS": "api.schema.ProblemAutoSchema",
+    "UNAUTHENTICATED_USER": None,
+})
+SPECTACULAR_SETTINGS = {
+    "TITLE": "SMQP broker REST API",
+    "DESCRIPTION": "Topics, publish, pull/ack, subscriptions and access lists over HTTP; "
+                   "the same rules as SMQP. Refusals are RFC 9457 problem details.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The schema and its docs page are public (they describe the API, and hold no data).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+}
+# Days a new API token is valid unless its maker says otherwise.
+SMQP_API_TOKEN_DAYS = env_int("SMQP_API_TOKEN_DAYS", 90)
+# Items per page of a list (by default; a client may ask for up to the maximum).
+SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
+SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)
+# A pull waits at most this long for a message, whatever its wait_seconds (at most 20).
+SMQP_API_PULL_MAX_WAIT = float(os.environ.get("SMQP_API_PULL_MAX_WAIT", "20"))
+# Daphne's worker threads for REST requests, and apart from them for (long-polling) pulls.
+SMQP_API_THREADS = env_int("SMQP_API_THREADS", 8)
+SMQP_API_PULL_THREADS = env_int("SMQP_API_PULL_THREADS", 16)
+# Hours a publish's Idempotency-Key result is kept (then forgotten by a Celery sweep).
+SMQP_API_IDEMPOTENCY_HOURS = env_int("SMQP_API_IDEMPOTENCY_HOURS", 24)
+CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {
+    "task": "api.purge_idempotency_keys", "schedule": 3600}

@@ -11,3 +11,6 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
 ]
+
+# The REST API (issue 24): /api/v1/, its OpenAPI schema and docs.
+urlpatterns += [path("api/", include("api.urls"))]

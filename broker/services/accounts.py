@@ -16,7 +16,7 @@ from accounts.models import Account
 from topics import paths
 from topics.models import Topic
 
-from . import bad_request, unauthorized
+from . import bad_request, conflict, unauthorized
 
 FIELDS = {"NAME": ("proper_name", 200), "EMAIL": ("email", 254),
           "ADDRESS": ("postal_address", 1000), "PHONE": ("phone", 64)}
@@ -128,3 +128,35 @@ def ensure_account_topic(account: Account) -> Topic:
     topic.account = account
     topic.save(update_fields=["account", "updated"])
     return topic
+
+
+# ------------------------------------------------------------------------------ new accounts
+
+
+@transaction.atomic
+def create_account(username: str, password: str, *, email: str = "", proper_name: str = "",
+                   superuser: bool = False, remote_server: bool = False) -> Account:
+    """A new account (its account topic follows, :mod:`accounts.signals`): the name's rules,
+    one account per case-folded name (409), the password validators, a valid e-mail."""
+    if Account.objects.filter(username_key=username.casefold()).exists():
+        raise conflict("account exists")
+    account = Account(username=username, email=email, proper_name=proper_name,
+                      is_superuser=superuser, is_staff=superuser,
+                      is_remote_server=remote_server)
+    if not password:
+        raise bad_request("empty password")
+    try:
+        validate_password(password, account)
+    except ValidationError as exc:
+        raise bad_request("; ".join(exc.messages)) from exc
+    account.set_password(password)
+    try:
+        account.full_clean(exclude=["password", "username_key"])
+    except ValidationError as exc:
+        raise bad_request("; ".join(exc.messages)) from exc
+    try:
+        with transaction.atomic():
+            account.save()
+    except IntegrityError as exc:  # created concurrently
+        raise conflict("account exists") from exc
+    return account

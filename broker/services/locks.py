@@ -18,8 +18,10 @@ not for a condition it read through a join or a subquery on the row's table). Th
 run once per message, :func:`lock` and :func:`ack_locked`, are the store's statements
 (:mod:`broker.store.messages`) in a hot transaction, as an ACK batch is.
 
-Fan-out topics never take locks: their deliveries keep the ACK journal's path
-(:mod:`.ack`).
+Fan-out deliveries take no lock over SMQP: they keep the ACK journal's path (:mod:`.ack`).
+A REST pull (:mod:`.pull`) locks them all the same, to give its receipts one meaning for
+both kinds of topic; such a lock ends with the delivery waiting for the same account again
+(each account has its own copy of a fan-out message), or dead once its attempts are spent.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from broker.models import Delivery, UsageEvent
 from broker.store import messages as stored
 from broker.store.rows import hot_transaction
 from topics import tree as topic_tree
+from topics.models import Topic
 from ual.resolution import snapshot_for_id
 
 from . import conflict, notify
@@ -54,7 +57,7 @@ from .publish import Published
 
 LOCKED = Delivery.State.NOTIFIED
 
-__all__ = ["ack_locked", "expire_locks", "lock", "release"]
+__all__ = ["ack_locked", "expire_locks", "lock", "release", "release_held"]
 
 
 def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
@@ -112,6 +115,20 @@ def release(account_id: int, session_guid: str,
     return moved
 
 
+def release_held(account_id: int, holder: str, smuid: int) -> list[Published]:
+    """One lock ended by its holder before its deadline (a REST nack): as :func:`release`,
+    but only while ``holder`` holds an unexpired lock on the account's delivery of
+    ``smuid``; otherwise 409 and nothing changes (an expired lock is the sweep's to end).
+    Returns the messages moved, for the caller to announce."""
+    now = timezone.now()
+    held = Delivery.objects.filter(account_id=account_id, state=LOCKED, holder=holder,
+                                   message_id=smuid, next_attempt__gt=now)
+    moved, ended = _end_locks(held, now, expired=False)
+    if not ended:
+        raise conflict("lock not held")
+    return moved
+
+
 def expire_locks(now: datetime | None = None, limit: int = 1000) -> int:
     """Locks whose deadline has passed end (``limit`` at most, earliest first), as with
     :func:`release`; the moved messages are announced to every process. What the holder's
@@ -153,6 +170,13 @@ def _end_locks(candidates: QuerySet[Delivery], now: datetime, *,
                 if same_lock.update(state=Delivery.State.DEAD, holder="", next_attempt=None):
                     dead.append((account_id, smuid))
                     finished.append(smuid)
+                continue
+            if topic is not None and topic.delivery_mode != Topic.DeliveryMode.QUEUE:
+                # A fan-out delivery (locked by a REST pull) is this account's own copy:
+                # it waits for the same account again.
+                if same_lock.update(state=Delivery.State.PENDING, holder="", next_attempt=None):
+                    moved.append(Published(smuid, topic_id, topic.path, priority or NO_PRIORITY,
+                                           [account_id]))
                 continue
             if topic_id not in subs_of:
                 subs_of[topic_id] = subscribers([topic], now)().get(topic_id, []) \

@@ -206,6 +206,27 @@ def unsubscribe(snapshot: AccessSnapshot, resource: str,
     if not removed:
         raise not_found("no such subscription")
     qs.filter(pk__in=[s.pk for s in removed]).delete()
+    _announce_removed(snapshot, removed)
+    order = [R.MESSAGE, R.TOPIC, R.SUBSCRIBERS, R.SERVER]
+    removed.sort(key=lambda s: (order.index(s.resource), s.pattern_key))
+    return [(WIRE_NAME[s.resource], s.pattern) for s in removed]
+
+
+@answer_from_fresh_caches
+@transaction.atomic
+def unsubscribe_one(snapshot: AccessSnapshot, subscription_id: int) -> Subscription:
+    """Remove one of the account's subscriptions by its id (the REST door names them so);
+    404 when the account has none with that id."""
+    sub = Subscription.objects.filter(pk=subscription_id, account=snapshot.account).first()
+    if sub is None:
+        raise not_found("no such subscription")
+    Subscription.objects.filter(pk=sub.pk).delete()
+    _announce_removed(snapshot, [sub])
+    return sub
+
+
+def _announce_removed(snapshot: AccessSnapshot, removed: list[Subscription]) -> None:
+    """NOTIFY SUB for the topics whose MESSAGE subscriber count these removals changed."""
     message_topics: dict[int, Topic] = {}
     for sub in removed:
         if sub.resource == R.MESSAGE:
@@ -217,9 +238,6 @@ def unsubscribe(snapshot: AccessSnapshot, resource: str,
             except ServiceError:
                 pass  # the topic is gone or hidden now: nobody to tell
     _announce_counts(list(message_topics.values()))
-    order = [R.MESSAGE, R.TOPIC, R.SUBSCRIBERS, R.SERVER]
-    removed.sort(key=lambda s: (order.index(s.resource), s.pattern_key))
-    return [(WIRE_NAME[s.resource], s.pattern) for s in removed]
 
 
 def wants_server_timeout(account_id: int) -> bool:

@@ -402,3 +402,38 @@ def find_topics(snapshot: AccessSnapshot, pattern: TopicPattern,
         searched = [*top, *_children(snapshot, pattern.base or "/")]
     return [(t, list(t.keywords)) for t in searched
             if all(any(w in k.casefold() for k in t.keywords) for w in wanted)]
+
+
+# ------------------------------------------------------------------------ queue parameters
+
+#: What :func:`set_parameters` changes: the delivery mode and the queue parameters.
+PARAMETERS = ("delivery_mode", "expiry_timeout", "retry_timeout", "max_retries",
+              "max_message_count", "max_message_size", "max_queue_bytes")
+
+
+@answer_from_fresh_caches
+@transaction.atomic
+def set_parameters(snapshot: AccessSnapshot, path: str, changes: dict) -> Topic:
+    """A topic's delivery mode and queue parameters (None: as its parent). The modify
+    right on the topic is needed (401; 404 for a topic the account cannot see); a virtual
+    topic has its real topic's (405)."""
+    topic = get_visible(snapshot, path)
+    if topic.is_virtual:
+        raise not_allowed("a virtual topic has the parameters of its real topic")
+    _require(snapshot, topic, Right.MODIFY)
+    fields = []
+    for name, value in changes.items():
+        if name not in PARAMETERS:
+            raise ServiceError(400, f"Bad request (no parameter {name})")
+        if name == "delivery_mode":
+            if value not in Topic.DeliveryMode.values:
+                raise ServiceError(400, "Bad request (delivery mode is fanout or queue)")
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < (-1 if name == "expiry_timeout" else 0)
+                                    or value > 2**31 - 1):
+            raise ServiceError(400, f"Bad request ({name} out of range)")
+        setattr(topic, name, value)
+        fields.append(name)
+    if fields:
+        topic.save(update_fields=[*fields, "updated"])
+    return topic

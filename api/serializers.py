@@ -1,0 +1,334 @@
+"""Request and response bodies of the REST API (what the OpenAPI schema documents)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from rest_framework import serializers
+
+from broker.domain import message as codec
+from broker.domain.errors import ProtocolError
+from broker.domain.values import validate_keyword
+from topics.models import QUEUE_PARAMETERS, Topic
+from ual.models import Effect, PrincipalKind, Right
+
+# Header names as the SMQP codec takes them (a token), values without control characters:
+# they go out again on the SMQP wire, one line each.
+HEADER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,63}")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MIME_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/"
+                       r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}"
+                       r"(\s*;\s*[A-Za-z0-9_.-]+=(\"[^\"\x00-\x1f]*\"|[A-Za-z0-9_.-]+))*")
+#: Header names a publish may not set: the server writes them (or they belong to sections).
+RESERVED = {"smuid", "cmuid", "topic", "content-type", "content-length", "content-encoding"}
+
+
+class ProblemSerializer(serializers.Serializer):
+    """RFC 9457 problem details."""
+
+    type = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField()
+    smqp_code = serializers.IntegerField(help_text="The SMQP reply code of the same refusal.")
+    errors = serializers.JSONField(required=False, help_text="Per-field errors.")
+
+
+# ------------------------------------------------------------------------------- tokens
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=64)
+    password = serializers.CharField(max_length=1024, trim_whitespace=False)
+    name = serializers.CharField(max_length=100)
+    days = serializers.IntegerField(min_value=1, max_value=3650, required=False,
+                                    help_text="Days until it expires.")
+
+
+class TokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    created = serializers.DateTimeField()
+    expires = serializers.DateTimeField()
+    revoked = serializers.DateTimeField(allow_null=True)
+    last_used = serializers.DateTimeField(allow_null=True)
+
+
+class NewTokenSerializer(TokenSerializer):
+    token = serializers.CharField(help_text="Shown once: only its digest is kept.")
+
+
+# ------------------------------------------------------------------------------- topics
+
+
+class ParametersSerializer(serializers.Serializer):
+    delivery_mode = serializers.ChoiceField(choices=Topic.DeliveryMode.values, required=False)
+    expiry_timeout = serializers.IntegerField(min_value=-1, max_value=2**31 - 1,
+                                              required=False, allow_null=True)
+    retry_timeout = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
+                                             allow_null=True)
+    max_retries = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
+                                           allow_null=True)
+    max_message_count = serializers.IntegerField(min_value=0, max_value=2**31 - 1,
+                                                 required=False, allow_null=True)
+    max_message_size = serializers.IntegerField(min_value=0, max_value=2**62, required=False,
+                                                allow_null=True)
+    max_queue_bytes = serializers.IntegerField(min_value=0, max_value=2**62, required=False,
+                                               allow_null=True)
+
+
+def _keyword(value: str) -> None:
+    """A keyword as SMQP takes it (they go out on its wire: GET TOPIC KEYWORDS, NOTIFY)."""
+    try:
+        validate_keyword(value)
+    except (ProtocolError, ValueError) as exc:
+        raise serializers.ValidationError(
+            "Not a keyword (none of / \\ , ( ), no control character, no outer space).") \
+            from exc
+
+
+def Keyword() -> serializers.CharField:
+    return serializers.CharField(max_length=200, validators=[_keyword])
+
+
+class TopicCreateSerializer(serializers.Serializer):
+    path = serializers.CharField(max_length=1024, help_text="/a/b")
+    keywords = serializers.ListField(child=Keyword(), required=False, max_length=100)
+    link = serializers.CharField(max_length=1024, required=False,
+                                 help_text="Makes a virtual topic standing for this one.")
+    parameters = ParametersSerializer(required=False)
+
+
+class TopicPatchSerializer(serializers.Serializer):
+    path = serializers.CharField(max_length=1024, required=False, help_text="Rename to.")
+    keywords = serializers.ListField(child=Keyword(), required=False, max_length=100)
+    parameters = ParametersSerializer(required=False)
+
+
+class EffectiveSerializer(serializers.Serializer):
+    expiry_timeout = serializers.IntegerField(allow_null=True)
+    retry_timeout = serializers.IntegerField(allow_null=True)
+    max_retries = serializers.IntegerField(allow_null=True)
+    max_message_count = serializers.IntegerField(allow_null=True)
+    max_message_size = serializers.IntegerField(allow_null=True)
+    max_queue_bytes = serializers.IntegerField(allow_null=True)
+
+
+class TopicSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    link = serializers.CharField(allow_null=True)
+    keywords = serializers.ListField(child=serializers.CharField())
+    delivery_mode = serializers.CharField()
+    parameters = EffectiveSerializer(help_text="In effect (set here or inherited).")
+
+
+class RemovedTopicSerializer(serializers.Serializer):
+    pending = serializers.IntegerField(help_text="Messages still pending (the topic goes "
+                                                 "when they are gone).")
+
+
+# ------------------------------------------------------------------------------ messages
+
+
+class SectionSerializer(serializers.Serializer):
+    content_type = serializers.CharField(max_length=255, default="text/plain")
+    text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False,
+                                 max_length=64 * 1024 * 1024)
+    base64 = serializers.CharField(required=False, allow_blank=True,
+                                   max_length=96 * 1024 * 1024)
+
+    def validate_content_type(self, value: str) -> str:
+        if not MIME_TYPE.fullmatch(value):
+            raise serializers.ValidationError("Not a MIME type.")
+        return value
+
+    def validate(self, attrs: dict) -> dict:
+        if ("text" in attrs) == ("base64" in attrs):
+            raise serializers.ValidationError("Give exactly one of text and base64.")
+        if "base64" in attrs:
+            try:
+                attrs["body"] = base64.b64decode(attrs.pop("base64"), validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise serializers.ValidationError({"base64": "Not base64."}) from exc
+        else:
+            try:
+                attrs["body"] = attrs.pop("text").encode()
+            except UnicodeEncodeError as exc:
+                raise serializers.ValidationError({"text": "Not encodable text."}) from exc
+        return attrs
+
+
+class PublishSerializer(serializers.Serializer):
+    headers = serializers.DictField(
+        child=serializers.CharField(max_length=1000, allow_blank=True), required=False,
+        help_text="Name, Priority, Timeout, Receipt, X-... (profile §8).")
+    sections = SectionSerializer(many=True, required=False)
+
+    def validate_headers(self, value: dict) -> dict:
+        if len(value) > 100:
+            raise serializers.ValidationError("At most 100 headers.")
+        for name, text in value.items():
+            if not HEADER_NAME.fullmatch(name) or name.casefold() in RESERVED:
+                raise serializers.ValidationError(f"Header name not allowed: {name[:64]!r}.")
+            if CONTROL.search(text):
+                raise serializers.ValidationError(f"Control character in {name}.")
+        return value
+
+    def validate_sections(self, value: list) -> list:
+        if len(value) > 100:
+            raise serializers.ValidationError("At most 100 sections.")
+        return value
+
+    def message(self) -> codec.Message:
+        data = self.validated_data
+        return codec.Message(
+            headers=[(codec.canonical_name(k), v) for k, v in data.get("headers", {}).items()],
+            sections=[codec.DataSection(headers=[("Content-Type", s["content_type"])],
+                                        body=s["body"]) for s in data.get("sections", [])])
+
+
+class PublishedSerializer(serializers.Serializer):
+    smuid = serializers.IntegerField()
+    topic = serializers.CharField()
+    cmuid = serializers.CharField()
+
+
+class SectionOutSerializer(serializers.Serializer):
+    content_type = serializers.CharField(allow_null=True)
+    size = serializers.IntegerField()
+    text = serializers.CharField(required=False, help_text="For text/* in UTF-8.")
+    base64 = serializers.CharField(required=False, help_text="Otherwise.")
+
+
+class MessageSerializer(serializers.Serializer):
+    smuid = serializers.IntegerField()
+    topic = serializers.CharField()
+    cmuid = serializers.CharField()
+    headers = serializers.DictField(child=serializers.CharField())
+    sections = SectionOutSerializer(many=True)
+
+
+class MessageQuerySerializer(serializers.Serializer):
+    since = serializers.IntegerField(required=False, min_value=0, max_value=2**62,
+                                     help_text="Only messages with a greater smuid.")
+    state = serializers.ChoiceField(choices=["pending", "trash"], default="pending")
+
+
+# -------------------------------------------------------------------- subscriptions, pull
+
+
+class SubscriptionCreateSerializer(serializers.Serializer):
+    resource = serializers.ChoiceField(choices=["MESSAGE", "TOPIC", "SUBSCRIBERS", "SERVER"],
+                                       default="MESSAGE")
+    pattern = serializers.CharField(max_length=1024, required=False,
+                                    help_text="/a/b, or /a/* for every topic below /a.")
+    since = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class SubscriptionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    resource = serializers.CharField()
+    pattern = serializers.CharField()
+    since = serializers.DateTimeField(allow_null=True)
+    created = serializers.DateTimeField()
+
+
+class NewSubscriptionSerializer(SubscriptionSerializer):
+    topics = serializers.ListField(child=serializers.CharField(),
+                                   help_text="Topics it covers now.")
+
+
+class PullRequestSerializer(serializers.Serializer):
+    max = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    wait_seconds = serializers.FloatField(min_value=0, max_value=20, default=0)
+
+
+class PulledSerializer(MessageSerializer):
+    receipt = serializers.CharField()
+    deadline = serializers.DateTimeField(help_text="ACK before this, or the lock ends.")
+    attempts = serializers.IntegerField()
+
+
+class PullSerializer(serializers.Serializer):
+    messages = PulledSerializer(many=True)
+
+
+# ----------------------------------------------------------------------------------- UAL
+
+
+class EntrySerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    topic = serializers.CharField(max_length=1024)
+    principal_kind = serializers.ChoiceField(choices=PrincipalKind.values)
+    account = serializers.CharField(max_length=64, required=False, allow_null=True)
+    group = serializers.CharField(max_length=150, required=False, allow_null=True)
+    right = serializers.ChoiceField(choices=Right.values)
+    effect = serializers.ChoiceField(choices=Effect.values, default=Effect.ALLOW)
+
+
+class EntryQuerySerializer(serializers.Serializer):
+    topic = serializers.CharField(max_length=1024, required=False)
+    account = serializers.CharField(max_length=64, required=False)
+
+
+class ExplainQuerySerializer(serializers.Serializer):
+    account = serializers.CharField(max_length=64)
+    topic = serializers.CharField(max_length=1024)
+    right = serializers.ChoiceField(choices=Right.values, required=False)
+
+
+class LevelSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    depth = serializers.IntegerField()
+    entries = serializers.DictField(child=serializers.ListField(child=serializers.DictField()))
+
+
+class RightDecisionSerializer(serializers.Serializer):
+    right = serializers.CharField()
+    allowed = serializers.BooleanField()
+    explanation = serializers.CharField()
+    entry = serializers.IntegerField(allow_null=True)
+    level = serializers.CharField(allow_null=True)
+
+
+class ExplainSerializer(serializers.Serializer):
+    account = serializers.CharField()
+    topic = serializers.CharField()
+    real_topic = serializers.CharField()
+    groups = serializers.ListField(child=serializers.CharField())
+    rights = RightDecisionSerializer(many=True)
+    levels = LevelSerializer(many=True)
+
+
+# ------------------------------------------------------------------------------ accounts
+
+
+class AccountSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    email = serializers.CharField(allow_blank=True)
+    proper_name = serializers.CharField(allow_blank=True)
+    is_active = serializers.BooleanField()
+    is_superuser = serializers.BooleanField()
+    is_remote_server = serializers.BooleanField()
+    topic = serializers.CharField()
+
+
+class AccountCreateSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=64)
+    password = serializers.CharField(max_length=1024, trim_whitespace=False)
+    email = serializers.CharField(max_length=254, required=False, default="", allow_blank=True)
+    proper_name = serializers.CharField(max_length=200, required=False, default="",
+                                        allow_blank=True)
+    superuser = serializers.BooleanField(default=False)
+    remote_server = serializers.BooleanField(default=False)
+
+
+def effective_parameters(topic) -> dict:
+    """What the topic's parameters are in effect (a tree node or a model row)."""
+    from broker.services.deliveries import effective
+
+    values = effective(topic)
+    return {name: values.get(name) for name in QUEUE_PARAMETERS}
+

@@ -1,0 +1,94 @@
+"""``/api/v1/`` (the resources), ``/api/schema/`` (OpenAPI 3) and ``/api/docs/`` (Swagger
+UI, served from the broker's own static files: drf-spectacular-sidecar)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.urls import include, path, re_path, register_converter
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from . import views
+
+
+class IdConverter:
+    """A row id: at most 18 digits (a larger number would overflow the database's bigint,
+    and is no row anyway)."""
+
+    regex = "[0-9]{1,18}"
+
+    def to_python(self, value: str) -> int:
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+register_converter(IdConverter, "id")
+
+#: Worker threads of the REST views, and apart from them those of pulls, which may wait
+#: (long polling) without taking a thread from other requests. Each thread keeps its own
+#: database connection (CONN_MAX_AGE).
+VIEW_THREADS = ThreadPoolExecutor(max_workers=settings.SMQP_API_THREADS,
+                                  thread_name_prefix="api")
+PULL_THREADS = ThreadPoolExecutor(max_workers=settings.SMQP_API_PULL_THREADS,
+                                  thread_name_prefix="api-pull")
+
+
+def offthread(view_class: type, executor: ThreadPoolExecutor = VIEW_THREADS) -> object:
+    """The DRF view in a worker thread of ``executor``, not on the one thread Django runs
+    every synchronous view on in turn: REST requests then wait on the database side by
+    side, not one after another. The services are thread-safe (the topic tree and access
+    snapshot caches are shared under locks)."""
+    view = view_class.as_view()
+
+    @csrf_exempt
+    async def entry(request, *args, **kwargs):
+        def run():
+            try:
+                return view(request, *args, **kwargs)
+            finally:
+                close_old_connections()  # as request_finished does on Django's own thread
+
+        return await sync_to_async(run, thread_sensitive=False, executor=executor)()
+
+    # drf-spectacular finds the DRF view behind the wrapper by these.
+    entry.cls = view.cls  # type: ignore[attr-defined]
+    entry.initkwargs = view.initkwargs  # type: ignore[attr-defined]
+    return entry
+
+
+TOPIC = r"(?P<path>[\s\S]+?)"
+
+v1 = [
+    path("auth/tokens", offthread(views.TokensView)),
+    path("auth/tokens/<id:pk>", offthread(views.TokenView)),
+    path("topics/", offthread(views.TopicsView)),
+    re_path(rf"^topics/{TOPIC}/messages/(?P<smuid>[0-9]{{1,18}})$",
+            offthread(views.TopicMessageView)),
+    re_path(rf"^topics/{TOPIC}/messages$", offthread(views.TopicMessagesView)),
+    re_path(rf"^topics/{TOPIC}$", offthread(views.TopicView)),
+    path("messages/<id:smuid>/republish", offthread(views.RepublishView)),
+    path("subscriptions/", offthread(views.SubscriptionsView)),
+    path("subscriptions/<id:pk>", offthread(views.SubscriptionView)),
+    path("subscriptions/<id:pk>/pull", offthread(views.PullView, PULL_THREADS)),
+    path("receipts/<str:receipt>/ack", offthread(views.AckView)),
+    path("receipts/<str:receipt>/nack", offthread(views.NackView)),
+    path("ual/entries/", offthread(views.EntriesView)),
+    path("ual/entries/<id:pk>", offthread(views.EntryView)),
+    path("ual/explain", offthread(views.ExplainView)),
+    path("accounts/", offthread(views.AccountsView)),
+    path("accounts/<str:name>", offthread(views.AccountView)),
+    # Anything else under /api/v1/ is a problem document too, not Django's HTML page.
+    re_path(r"^[\s\S]*$", offthread(views.NoSuchResource)),
+]
+
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("v1/", include(v1)),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+]

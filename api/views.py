@@ -1,0 +1,598 @@
+"""The REST door: every view checks its input, calls the broker's services (the same ones
+the SMQP door calls; the rules live there once) and turns their answers and refusals into
+JSON and problem details (:mod:`.problems`)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import time
+import uuid
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import permissions, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.models import Account
+from broker.domain import message as codec
+from broker.domain.errors import ProtocolError
+from broker.domain.values import SmuidSet, parse_topic_pattern, validate_topic
+from broker.models import Message, Subscription
+from broker.services import accounts as account_service
+from broker.services import auth as auth_service
+from broker.services import not_found, notify, ual_entries
+from broker.services import publish as publish_service
+from broker.services import pull as pull_service
+from broker.services import read as read_service
+from broker.services import subscriptions as subscription_service
+from broker.services import topics as topic_service
+from broker.services.prepare import PublishRequest
+from topics.tree import Node
+from ual.resolution import AccessSnapshot, snapshot_for
+
+from . import pagination
+from . import serializers as s
+from .authentication import Throttled, peer_of
+from .models import ApiToken, IdempotencyKey
+from .problems import problem
+from .tokens import create_token, revoke
+
+PATH_PARAM = OpenApiParameter("path", OpenApiTypes.STR, OpenApiParameter.PATH,
+                              description="Topic path without the leading slash: stocks/ibm")
+
+
+def snapshot(request: Request) -> AccessSnapshot:
+    return snapshot_for(request.user)
+
+
+def topic_path(raw: str) -> str:
+    """The topic a URL names (``stocks/ibm`` → ``/stocks/ibm``); a name no topic can have is
+    a topic that does not exist (404, as over SMQP)."""
+    path = "/" + raw.strip("/")
+    try:
+        return validate_topic(path)
+    except (ProtocolError, ValueError):
+        raise not_found("topic") from None
+
+
+def new_topic_path(raw: str, field: str = "path") -> str:
+    path = raw if raw.startswith("/") else "/" + raw
+    try:
+        return validate_topic(path)
+    except (ProtocolError, ValueError):
+        raise ValidationError({field: ["Not a topic path (/a/b: letters, digits, _)."]}) \
+            from None
+
+
+def valid(serializer_class, data) -> dict:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def topic_data(topic) -> dict:
+    """A topic (a tree node or a row) as the API shows it."""
+    if isinstance(topic, Node):
+        keywords = list(topic.keywords)
+        link = topic.link.path if topic.link is not None else None
+    else:
+        keywords = topic_service.keywords_of(topic)
+        link = topic.link.path if topic.link_id else None
+    real = topic.resolved()
+    return {"path": topic.path, "link": link, "keywords": keywords,
+            "delivery_mode": real.delivery_mode,
+            "parameters": s.effective_parameters(real)}
+
+
+def section_data(section: codec.DataSection) -> dict:
+    content_type = section.content_type
+    out: dict = {"content_type": content_type, "size": len(section.body)}
+    if (content_type or "").lower().startswith("text/"):
+        try:
+            out["text"] = section.body.decode()
+            return out
+        except UnicodeDecodeError:
+            pass
+    out["base64"] = base64.b64encode(section.body).decode()
+    return out
+
+
+def message_data(smuid: int, topic: str, cmuid: str, msg: codec.Message) -> dict:
+    return {"smuid": smuid, "topic": topic, "cmuid": cmuid,
+            "headers": {name: value for name, value in msg.headers},
+            "sections": [section_data(sec) for sec in msg.sections]}
+
+
+class Staff(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
+
+
+# ---------------------------------------------------------------------------------- tokens
+
+
+def token_data(token: ApiToken) -> dict:
+    return {"id": token.pk, "name": token.name, "created": token.created,
+            "expires": token.expires, "revoked": token.revoked, "last_used": token.last_used}
+
+
+class TokensView(APIView):
+    def get_permissions(self):
+        if self.request.method == "POST":
+            return [permissions.AllowAny()]
+        return super().get_permissions()
+
+    def get_authenticators(self):
+        if self.request is not None and self.request.method == "POST":
+            return []  # the password is the credential here
+        return super().get_authenticators()
+
+    @extend_schema(operation_id="tokens_list",
+                   parameters=[pagination.PageQuery],
+                   responses=pagination.paged(s.TokenSerializer))
+    def get(self, request: Request) -> Response:
+        """The caller's own tokens (never their secrets)."""
+        after, limit = pagination.params(request, int)
+        rows = ApiToken.objects.filter(account=request.user).order_by("pk")
+        if after is not None:
+            rows = rows.filter(pk__gt=after)
+        items = list(rows[:limit + 1])
+        more = len(items) > limit
+        items = items[:limit]
+        return pagination.page(request, [token_data(t) for t in items],
+                               items[-1].pk if more else None)
+
+    @extend_schema(request=s.TokenRequestSerializer, responses={201: s.NewTokenSerializer},
+                   auth=[])
+    def post(self, request: Request) -> Response:
+        """A new token, with the account's password. Failed attempts are throttled as
+        failed SMQP logins are."""
+        data = valid(s.TokenRequestSerializer, request.data)
+        peer = peer_of(request)
+        throttle = auth_service.throttle_for(peer)
+        if throttle.refused:
+            raise Throttled()
+        account = auth_service.check_clear_password(data["username"], data["password"])
+        if account is None:
+            auth_service.record_failure(peer, data["username"])
+            if throttle.delay > 0:
+                raise Throttled(wait=int(throttle.delay + 0.999))
+            return problem(401, "Unauthorized (wrong account name or password)", 530)
+        auth_service.record_success(peer)
+        token, text = create_token(account, data["name"], data.get("days"))
+        return Response({**token_data(token), "token": text}, status=status.HTTP_201_CREATED)
+
+
+class TokenView(APIView):
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, pk: int) -> Response:
+        """Revoke one of the caller's tokens."""
+        token = ApiToken.objects.filter(pk=pk, account=request.user).first()
+        if token is None:
+            raise not_found("token")
+        revoke(token)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# ---------------------------------------------------------------------------------- topics
+
+
+class TopicQuerySerializer(s.serializers.Serializer):
+    under = s.serializers.CharField(required=False, max_length=1024,
+                                    help_text="Only topics below this one.")
+    q = s.serializers.CharField(required=False, max_length=200,
+                                help_text="A substring of one of its keywords.")
+
+
+def _apply_changes(snap: AccessSnapshot, path: str, data: dict) -> str:
+    """Rename, keywords, parameters of one topic (one transaction, the caller's)."""
+    if "keywords" in data:
+        topic_service.set_keywords(snap, path, tuple(data["keywords"]))
+    if data.get("parameters"):
+        topic_service.set_parameters(snap, path, dict(data["parameters"]))
+    if "path" in data:
+        new = new_topic_path(data["path"])
+        topic_service.rename_topic(snap, path, new)
+        path = new
+    return path
+
+
+class TopicsView(APIView):
+    @extend_schema(operation_id="topics_list",
+                   parameters=[TopicQuerySerializer, pagination.PageQuery],
+                   responses=pagination.paged(s.TopicSerializer))
+    def get(self, request: Request) -> Response:
+        """Topics the account may see, in path order (FIND TOPIC's rules)."""
+        query = valid(TopicQuerySerializer, request.query_params)
+        after, limit = pagination.params(request, str)
+        under = topic_path(query["under"]) if query.get("under") else "/"
+        pattern = parse_topic_pattern(under.rstrip("/") + "/*")
+        keywords = (query["q"],) if query.get("q") else None
+        found = [t for t, _ in topic_service.find_topics(snapshot(request), pattern, keywords)]
+        found.sort(key=lambda t: t.key)
+        if after is not None:
+            found = [t for t in found if t.key > after]
+        more = len(found) > limit
+        found = found[:limit]
+        return pagination.page(request, [topic_data(t) for t in found],
+                               found[-1].key if more else None)
+
+    @extend_schema(request=s.TopicCreateSerializer, responses={201: s.TopicSerializer})
+    def post(self, request: Request) -> Response:
+        """CREATE TOPIC (profile §7), with keywords, a virtual link and queue parameters."""
+        data = valid(s.TopicCreateSerializer, request.data)
+        path = new_topic_path(data["path"])
+        link = new_topic_path(data["link"], "link") if data.get("link") else None
+        snap = snapshot(request)
+        with transaction.atomic():
+            topic = topic_service.create_topic(snap, path, tuple(data.get("keywords") or ()),
+                                               link)
+            if data.get("parameters"):
+                topic = topic_service.set_parameters(snap, path, dict(data["parameters"]))
+            body = topic_data(topic)
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class TopicView(APIView):
+    @extend_schema(parameters=[PATH_PARAM], responses=s.TopicSerializer)
+    def get(self, request: Request, path: str) -> Response:
+        return Response(topic_data(topic_service.visible_node(snapshot(request),
+                                                              topic_path(path))))
+
+    @extend_schema(parameters=[PATH_PARAM], request=s.TopicPatchSerializer,
+                   responses=s.TopicSerializer)
+    def patch(self, request: Request, path: str) -> Response:
+        """Rename (SET TOPIC NAME), keywords (SET TOPIC KEYWORD), queue parameters (the
+        modify right)."""
+        data = valid(s.TopicPatchSerializer, request.data)
+        snap = snapshot(request)
+        with transaction.atomic():
+            new = _apply_changes(snap, topic_path(path), data)
+            body = topic_data(topic_service.get_visible(snap, new))
+        return Response(body)
+
+    @extend_schema(parameters=[PATH_PARAM],
+                   responses={204: None, 202: s.RemovedTopicSerializer})
+    def delete(self, request: Request, path: str) -> Response:
+        """REMOVE TOPIC: gone at once for new publishes; deleted once its queue is empty
+        (202 while messages are pending)."""
+        pending = topic_service.remove_topic(snapshot(request), topic_path(path))
+        if pending:
+            return Response({"pending": pending}, status=status.HTTP_202_ACCEPTED)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# -------------------------------------------------------------------------------- messages
+
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+ACCOUNT_NAME = re.compile(r"[^\W\d_]\w{0,63}")
+
+
+class TopicMessagesView(APIView):
+    @extend_schema(operation_id="topic_messages_list",
+                   parameters=[PATH_PARAM, s.MessageQuerySerializer, pagination.PageQuery],
+                   responses=pagination.paged(s.MessageSerializer))
+    def get(self, request: Request, path: str) -> Response:
+        """Messages stored on the topic (or in its Trash), in smuid order (GET MESSAGE)."""
+        query = valid(s.MessageQuerySerializer, request.query_params)
+        after, limit = pagination.params(request, int)
+        after = max(after or 0, query.get("since") or 0)
+        target = topic_path(path) + ("/Trash" if query["state"] == "trash" else "")
+        found = read_service.get_messages(snapshot(request), target, SmuidSet(all=True),
+                                          after=after)
+        more = len(found) > limit
+        found = found[:limit]
+        # A page the service cut short (its byte budget) has a next page as well.
+        more = more or len(found) == limit
+        return pagination.page(request, [message_data(m, t, c, msg) for t, m, c, msg in found],
+                               found[-1][1] if more and found else None)
+
+    @extend_schema(
+        parameters=[PATH_PARAM, OpenApiParameter(
+            "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+            description="A retry with the same key gets the first result.")],
+        request=s.PublishSerializer, responses={201: s.PublishedSerializer})
+    def post(self, request: Request, path: str) -> Response:
+        """PUB MESSAGE: 201 with the smuid once the message is committed; subscribers on
+        every door are woken as for an SMQP publish."""
+        serializer = s.PublishSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        target = topic_path(path)
+        account = request.user
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+            raise ValidationError({"Idempotency-Key": ["1 to 255 printable ASCII characters."]})
+        fingerprint = hashlib.sha256(json.dumps(
+            [target, request.data], sort_keys=True, default=str).encode()).hexdigest()
+        req = PublishRequest(account_id=account.pk, guid="rest", kind="MESSAGE",
+                             topic=target, cmuid=key or uuid.uuid4().hex,
+                             message=serializer.message(), peer=peer_of(request))
+        with transaction.atomic():
+            if key is not None:
+                first = IdempotencyKey.objects.filter(account=account, key=key).first()
+                if first is not None:
+                    if first.fingerprint != fingerprint:
+                        return problem(422, "Idempotency-Key used for another request", 409)
+                    reply = Response(first.response, status=first.status)
+                    reply["Idempotent-Replayed"] = "true"
+                    return reply
+            published = publish_service.publish(req)
+            body = {"smuid": published.smuid, "topic": published.topic_path,
+                    "cmuid": f"{account.username}/rest/{req.cmuid}"}
+            if key is not None:
+                try:
+                    with transaction.atomic():
+                        IdempotencyKey.objects.create(account=account, key=key,
+                                                      fingerprint=fingerprint, status=201,
+                                                      response=body)
+                except IntegrityError:
+                    # The same key committed meanwhile by a concurrent request: this one
+                    # publishes nothing (its transaction rolls back); the client retries.
+                    transaction.set_rollback(True)
+                    return problem(409, "A request with this Idempotency-Key is in progress",
+                                   409)
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class TopicMessageView(APIView):
+    @extend_schema(parameters=[PATH_PARAM], responses=s.MessageSerializer)
+    def get(self, request: Request, path: str, smuid: str) -> Response:
+        target = topic_path(path)
+        number = int(smuid)
+        if number < 1:
+            raise not_found("message")
+        found = read_service.get_messages(snapshot(request), target,
+                                          SmuidSet(ranges=((number, number),)))
+        if not found:
+            raise not_found("message")
+        t, m, c, msg = found[0]
+        return Response(message_data(m, t, c, msg))
+
+
+class RepublishView(APIView):
+    @extend_schema(request=None, responses={201: s.PublishedSerializer})
+    def post(self, request: Request, smuid: int) -> Response:
+        """REPUBLISH MESSAGE from its topic's Trash."""
+        path = Message.objects.filter(pk=smuid).values_list(
+            "topic__path", flat=True).first()
+        if path is None:
+            raise not_found("message")
+        published = publish_service.republish(snapshot(request), path, smuid)
+        notify.messages_committed([published])
+        return Response({"smuid": published.smuid, "topic": published.topic_path,
+                         "cmuid": ""}, status=status.HTTP_201_CREATED)
+
+
+# --------------------------------------------------------------------------- subscriptions
+
+
+def subscription_data(sub: Subscription) -> dict:
+    return {"id": sub.pk, "resource": sub.resource, "pattern": sub.pattern, "since": sub.since,
+            "created": sub.created}
+
+
+class SubscriptionsView(APIView):
+    @extend_schema(operation_id="subscriptions_list",
+                   parameters=[pagination.PageQuery],
+                   responses=pagination.paged(s.SubscriptionSerializer))
+    def get(self, request: Request) -> Response:
+        after, limit = pagination.params(request, int)
+        rows = Subscription.objects.filter(account=request.user).order_by("pk")
+        if after is not None:
+            rows = rows.filter(pk__gt=after)
+        items = list(rows[:limit + 1])
+        more = len(items) > limit
+        items = items[:limit]
+        return pagination.page(request, [subscription_data(x) for x in items],
+                               items[-1].pk if more else None)
+
+    @extend_schema(request=s.SubscriptionCreateSerializer,
+                   responses={201: s.NewSubscriptionSerializer})
+    def post(self, request: Request) -> Response:
+        """SUBSCRIBE: messages still held on the topics become the account's to pull."""
+        data = valid(s.SubscriptionCreateSerializer, request.data)
+        resource = data["resource"]
+        pattern = None
+        if resource != "SERVER":
+            if not data.get("pattern"):
+                raise ValidationError({"pattern": ["This field is required."]})
+            try:
+                pattern = parse_topic_pattern(data["pattern"])
+            except (ProtocolError, ValueError):
+                raise ValidationError({"pattern": ["Not a topic or /topic/* pattern."]}) \
+                    from None
+        snap = snapshot(request)
+        topics = subscription_service.subscribe(snap, resource, pattern, data.get("since"))
+        stored = str(pattern) if pattern is not None else \
+            subscription_service.SERVER_TIMEOUT_PATTERN
+        sub = Subscription.objects.get(account=request.user, resource=resource,
+                                       pattern_key=stored.casefold())
+        return Response({**subscription_data(sub), "topics": topics},
+                        status=status.HTTP_201_CREATED)
+
+
+class SubscriptionView(APIView):
+    @extend_schema(responses=s.SubscriptionSerializer)
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(subscription_data(
+            pull_service.subscription_of(snapshot(request), pk)))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, pk: int) -> Response:
+        """UNSUBSCRIBE."""
+        subscription_service.unsubscribe_one(snapshot(request), pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class PullView(APIView):
+    """Runs outside the thread Django serves its other synchronous views on
+    (:func:`pull_entry`): a long poll here holds only its own thread."""
+
+    @extend_schema(request=s.PullRequestSerializer, responses=s.PullSerializer)
+    def post(self, request: Request, pk: int) -> Response:
+        """Up to ``max`` messages, each locked to the caller until its ``deadline`` with a
+        ``receipt`` to ACK or NACK; waits up to ``wait_seconds`` for the first."""
+        data = valid(s.PullRequestSerializer, request.data)
+        snap = snapshot(request)
+        pull_service.subscription_of(snap, pk)  # 404 before any wait
+        deadline = time.monotonic() + min(data["wait_seconds"],
+                                          settings.SMQP_API_PULL_MAX_WAIT)
+        pause = 0.05
+        while True:
+            got = pull_service.pull(snap, pk, data["max"])
+            if got or time.monotonic() >= deadline:
+                break
+            # Polls the store (a wake-up from the dispatch group would need a channel per
+            # waiting pull); the pause grows to 0.5 s so an idle long poll costs little.
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.5)
+        return Response({"messages": [
+            {**message_data(p.smuid, p.topic, p.cmuid, p.message), "receipt": p.receipt,
+             "deadline": p.deadline, "attempts": p.attempts} for p in got]})
+
+
+RECEIPT_PARAM = OpenApiParameter("receipt", OpenApiTypes.STR, OpenApiParameter.PATH)
+
+
+class AckView(APIView):
+    @extend_schema(parameters=[RECEIPT_PARAM], request=None, responses={204: None})
+    def post(self, request: Request, receipt: str) -> Response:
+        """Consume the message (once, whatever door asks); 409 if the lock has ended."""
+        receipts = pull_service.ack(snapshot(request), receipt)
+        notify.messages_committed(receipts)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class NackView(APIView):
+    @extend_schema(parameters=[RECEIPT_PARAM], request=None, responses={204: None})
+    def post(self, request: Request, receipt: str) -> Response:
+        """Let the message go at once to the next subscriber (queue) or back to this
+        account (fan-out); 409 if the lock has ended."""
+        moved = pull_service.nack(snapshot(request), receipt)
+        notify.messages_committed(moved)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# ------------------------------------------------------------------------------------- UAL
+
+
+class EntriesView(APIView):
+    @extend_schema(operation_id="ual_entries_list",
+                   parameters=[s.EntryQuerySerializer, pagination.PageQuery],
+                   responses=pagination.paged(s.EntrySerializer))
+    def get(self, request: Request) -> Response:
+        """Entries on topics the caller may manage (all, for staff)."""
+        query = valid(s.EntryQuerySerializer, request.query_params)
+        after, limit = pagination.params(request, int)
+        topic = topic_path(query["topic"]) if query.get("topic") else None
+        items, more = ual_entries.entries(snapshot(request), topic=topic,
+                                          account=query.get("account"), after=after,
+                                          limit=limit)
+        return pagination.page(request, [ual_entries.entry_data(e) for e in items],
+                               items[-1].pk if more and items else None)
+
+    @extend_schema(request=s.EntrySerializer, responses={201: s.EntrySerializer})
+    def post(self, request: Request) -> Response:
+        data = valid(s.EntrySerializer, request.data)
+        entry = ual_entries.create(snapshot(request), topic_path(data["topic"]),
+                                   data["principal_kind"], data.get("account"),
+                                   data.get("group"), data["right"], data["effect"])
+        return Response(ual_entries.entry_data(entry), status=status.HTTP_201_CREATED)
+
+
+class EntryView(APIView):
+    @extend_schema(responses=s.EntrySerializer)
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(ual_entries.entry_data(ual_entries.get(snapshot(request), pk)))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, pk: int) -> Response:
+        ual_entries.delete(snapshot(request), pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ExplainView(APIView):
+    @extend_schema(parameters=[s.ExplainQuerySerializer], responses=s.ExplainSerializer)
+    def get(self, request: Request) -> Response:
+        """The decision on each right and why, level by level: what the admin's
+        effective-rights page shows."""
+        query = valid(s.ExplainQuerySerializer, request.query_params)
+        return Response(ual_entries.explain(snapshot(request), query["account"],
+                                            topic_path(query["topic"]), query.get("right")))
+
+
+# -------------------------------------------------------------------------------- accounts
+
+
+def account_data(account: Account) -> dict:
+    return {"username": account.username, "email": account.email,
+            "proper_name": account.proper_name, "is_active": account.is_active,
+            "is_superuser": account.is_superuser, "is_remote_server": account.is_remote_server,
+            "topic": account.account_topic_path}
+
+
+class AccountsView(APIView):
+    permission_classes = [Staff]
+
+    @extend_schema(operation_id="accounts_list",
+                   parameters=[pagination.PageQuery],
+                   responses=pagination.paged(s.AccountSerializer))
+    def get(self, request: Request) -> Response:
+        after, limit = pagination.params(request, str)
+        rows = Account.objects.order_by("username_key")
+        if after is not None:
+            rows = rows.filter(username_key__gt=after)
+        items = list(rows[:limit + 1])
+        more = len(items) > limit
+        items = items[:limit]
+        return pagination.page(request, [account_data(a) for a in items],
+                               items[-1].username_key if more else None)
+
+    @extend_schema(request=s.AccountCreateSerializer, responses={201: s.AccountSerializer})
+    def post(self, request: Request) -> Response:
+        data = valid(s.AccountCreateSerializer, request.data)
+        account = account_service.create_account(
+            data["username"], data["password"], email=data["email"],
+            proper_name=data["proper_name"], superuser=data["superuser"],
+            remote_server=data["remote_server"])
+        return Response(account_data(account), status=status.HTTP_201_CREATED)
+
+
+class AccountView(APIView):
+    permission_classes = [Staff]
+
+    @extend_schema(responses=s.AccountSerializer)
+    def get(self, request: Request, name: str) -> Response:
+        # A name no account can have (NUL, say, which no database takes) is not looked up.
+        if not ACCOUNT_NAME.fullmatch(name):
+            raise not_found("account")
+        account = Account.objects.filter(username_key=name.casefold()).first()
+        if account is None:
+            raise not_found("account")
+        return Response(account_data(account))
+
+
+
+@extend_schema(exclude=True)
+class NoSuchResource(APIView):
+    """What no route under /api/v1/ names: 404 as problem details, whatever the method."""
+
+    permission_classes = [permissions.AllowAny]
+
+    def dispatch(self, request, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        request = self.initialize_request(request, *args, **kwargs)
+        self.request = request
+        self.headers = self.default_response_headers
+        response = problem(404, "Not found (no such resource)", 404)
+        self.response = self.finalize_response(request, response, *args, **kwargs)
+        return self.response

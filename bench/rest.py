@@ -1,0 +1,238 @@
+"""The ``rest`` benchmark: REST publish and pull→ack against RabbitMQ's HTTP API publish.
+
+It starts an isolated broker (``runsmqp``, whose dispatcher the REST publishes wake) and a
+Daphne serving the REST API beside it on the same database, with the superuser ``root``
+(a bearer token from ``manage.py token``) subscribed to ``/bench``. Then:
+
+* publish: ``--clients`` threads (8), each with its own keep-alive HTTP connection (httpx),
+  POST one ``--size``-byte message (256) at a time to ``/api/v1/topics/bench/messages`` and
+  wait for its ``201`` (sent after the commit), for ``--seconds``;
+* pull→ack: the same threads pull up to ``--batch`` (10) of the messages just published
+  (``POST /api/v1/subscriptions/{id}/pull``) and ACK each by its receipt, until none is left
+  or ``--seconds`` pass;
+* RabbitMQ: the same threads POST to the management plugin's
+  ``/api/exchanges/%2F/amq.default/publish`` (a queue of its own, routed: true), for
+  ``--seconds``: the reference for "publish over HTTP".
+
+Figures: requests per second and p50/p99 latency of each. The client is Python threads
+(one process): on a small machine it takes CPU from the servers it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import httpx
+
+from .isolated import ROOT, BrokerEnv, BrokerSetupError, check_services, isolated_broker
+from .stats import Samples, environment_info, format_table, timestamp, write_results
+
+SETUP = """
+from accounts.models import Account
+from broker.models import Subscription
+from broker.services import topics as ts
+from ual.resolution import AccessSnapshot
+root = Account(username='root', is_superuser=True, is_staff=True)
+root.set_password('pw')
+root.save()
+ts.create_topic(AccessSnapshot(root), '/bench')
+Subscription.objects.create(account=root, resource='MESSAGE', pattern='/bench')
+"""
+RABBIT = "http://127.0.0.1:15672"
+RABBIT_AUTH = ("guest", "guest")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_daphne(broker: BrokerEnv) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    log = (broker.var_dir / "daphne.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "broker.asgi:application"], env=broker.env, cwd=ROOT, stdout=log,
+        stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/api/schema/", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    proc.kill()
+    raise BrokerSetupError("daphne did not start")
+
+
+def _run(clients: int, seconds: float, make: Callable[[int], Callable[[], bool | None]],
+         kind: str) -> tuple[Samples, float]:
+    """Each of ``clients`` threads calls its function until ``seconds`` pass or it returns
+    None (nothing left); every call's latency and success go into the samples."""
+    samples = [Samples() for _ in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+    stop = [float("inf")]
+    last = [0.0] * clients  # when each thread's last counted call ended
+
+    def loop(i: int) -> None:
+        one = make(i)
+        barrier.wait()
+        while time.monotonic() < stop[0]:
+            t0 = time.perf_counter()
+            ok = one()
+            if ok is None:
+                return
+            samples[i].add(kind, time.perf_counter() - t0, ok)
+            last[i] = time.monotonic()
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    began = time.monotonic()
+    stop[0] = began + seconds
+    for t in threads:
+        t.join(seconds + 120)
+    # Up to the last counted call: a thread that found nothing left stops counting there.
+    elapsed = max(last) - began if max(last) > began else time.monotonic() - began
+    total = Samples()
+    for s in samples:
+        total.merge(s)
+    return total, elapsed
+
+
+def _rest_publish(url: str, token: str, size: int) -> Callable[[int], Callable[[], bool]]:
+    body = {"sections": [{"text": "x" * size}]}
+
+    def make(i: int) -> Callable[[], bool]:
+        client = httpx.Client(base_url=url, timeout=60,
+                              headers={"Authorization": f"Bearer {token}"})
+        return lambda: client.post("/api/v1/topics/bench/messages", json=body).status_code \
+            == 201
+    return make
+
+
+def _rest_pull_ack(url: str, token: str, sub: int, batch: int, acked: list[int],
+                   target: int) -> Callable[[int], Callable[[], bool | None]]:
+    def make(i: int) -> Callable[[], bool | None]:
+        client = httpx.Client(base_url=url, timeout=60,
+                              headers={"Authorization": f"Bearer {token}"})
+        pending: list[str] = []
+
+        def one() -> bool | None:
+            # One call is one request: a pull (when no receipt is waiting) or one ACK.
+            if not pending:
+                reply = client.post(f"/api/v1/subscriptions/{sub}/pull",
+                                    json={"max": batch, "wait_seconds": 0})
+                got = reply.json().get("messages", []) if reply.status_code == 200 else []
+                if reply.status_code == 200 and not got and sum(acked) >= target:
+                    return None  # all consumed (an empty pull alone: others hold the rest)
+                pending.extend(m["receipt"] for m in got)
+                return reply.status_code == 200
+            ok = client.post(f"/api/v1/receipts/{pending.pop()}/ack").status_code == 204
+            if ok:
+                acked[i] += 1
+            return ok
+        return one
+    return make
+
+
+def _rabbit_publish(queue: str, size: int) -> Callable[[int], Callable[[], bool]]:
+    body = {"properties": {}, "routing_key": queue, "payload": "x" * size,
+            "payload_encoding": "string"}
+
+    def make(i: int) -> Callable[[], bool]:
+        client = httpx.Client(base_url=RABBIT, auth=RABBIT_AUTH, timeout=60)
+
+        def one() -> bool:
+            reply = client.post("/api/exchanges/%2F/amq.default/publish", json=body)
+            return reply.status_code == 200 and reply.json().get("routed") is True
+        return one
+    return make
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", choices=("sqlite", "postgres"), default="postgres")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--size", type=int, default=256, help="payload bytes per message")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--batch", type=int, default=10, help="messages per pull")
+    parser.add_argument("--no-rabbitmq", action="store_true")
+
+
+def _row(name: str, samples: Samples, elapsed: float, kind: str) -> list:
+    s = samples.summary(kind)
+    return [name, s.count, s.errors, f"{s.count / elapsed:.0f}", f"{s.p50_ms:.1f}",
+            f"{s.p99_ms:.1f}"]
+
+
+def main(args: argparse.Namespace) -> int:
+    check_services((args.db,))
+    results: dict = {}
+    rows = []
+    with isolated_broker(args.db, setup=lambda b: b.run_python(SETUP)) as broker:
+        daphne, url = _start_daphne(broker)
+        try:
+            token = broker.manage("token", "create", "root", "bench").stdout.strip()
+            sub = httpx.get(url + "/api/v1/subscriptions/", headers={
+                "Authorization": f"Bearer {token}"}).json()["results"][0]["id"]
+            published, elapsed = _run(args.clients, args.seconds,
+                                      _rest_publish(url, token, args.size), "publish")
+            rows.append(_row("REST publish", published, elapsed, "publish"))
+            results["rest_publish"] = {**published.summary("publish").as_dict(),
+                                       "per_second": published.summary("publish").count
+                                       / elapsed}
+            acked = [0] * args.clients
+            pulled, elapsed = _run(args.clients, max(args.seconds, 30.0),
+                                   _rest_pull_ack(url, token, sub, args.batch, acked,
+                                                  published.summary("publish").count),
+                                   "call")
+            rows.append(_row("REST pull+ack requests", pulled, elapsed, "call"))
+            rows.append(["REST messages acked", sum(acked), "", f"{sum(acked) / elapsed:.0f}",
+                         "", ""])
+            results["rest_pull_ack"] = {**pulled.summary("call").as_dict(),
+                                        "requests_per_second": pulled.summary("call").count
+                                        / elapsed,
+                                        "acked": sum(acked),
+                                        "acked_per_second": sum(acked) / elapsed}
+        finally:
+            daphne.terminate()
+            daphne.wait(30)
+    if not args.no_rabbitmq:
+        queue = f"bench-rest-{uuid.uuid4().hex[:8]}"
+        try:
+            httpx.put(f"{RABBIT}/api/queues/%2F/{queue}", auth=RABBIT_AUTH,
+                      json={"durable": False, "auto_delete": False}).raise_for_status()
+            rabbit, elapsed = _run(args.clients, args.seconds,
+                                   _rabbit_publish(queue, args.size), "publish")
+            rows.append(_row("RabbitMQ HTTP publish", rabbit, elapsed, "publish"))
+            results["rabbitmq_http_publish"] = {**rabbit.summary("publish").as_dict(),
+                                                "per_second": rabbit.summary("publish").count
+                                                / elapsed}
+        except httpx.HTTPError as exc:
+            print(f"RabbitMQ's management API is not reachable ({exc}): "
+                  "rabbitmq-plugins enable rabbitmq_management", file=sys.stderr)
+        finally:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.delete(f"{RABBIT}/api/queues/%2F/{queue}", auth=RABBIT_AUTH)
+    print(format_table(["what", "count", "errors", "per second", "p50 ms", "p99 ms"], rows))
+    record = {"benchmark": "rest", "when": timestamp(), "environment": environment_info(),
+              "settings": {k: v for k, v in vars(args).items() if k != "func"},
+              "results": results}
+    path = write_results("rest", record)
+    print(f"written to {path}")
+    return 0
+
