@@ -353,3 +353,8 @@ SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT
 SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)
 SMQP_TRASH_RETENTION = env_int("SMQP_TRASH_RETENTION", 7 * 86_400)
 SMQP_NOTIFY_CONNECT_TIMEOUT = env_int("SMQP_NOTIFY_CONNECT_TIMEOUT", 5)
+
+# Federation links (profile §9.5): the longest wait between two attempts to reach a peer
+# (the wait doubles from a quarter second), and how often the supervisor re-reads the links.
+SMQP_LINK_BACKOFF_MAX = float(os.environ.get("SMQP_LINK_BACKOFF_MAX", "30"))
+SMQP_LINK_RELOAD_SECONDS = float(os.environ.get("SMQP_LINK_RELOAD_SECONDS", "2"))

@@ -33,6 +33,7 @@ from . import topics as topic_service
 from .deliveries import (
     NO_PRIORITY,
     effective,
+    forwardable,
     may_receive,
     pick_queue_consumer,
     receivers,
@@ -48,6 +49,7 @@ __all__ = [
     "publish",
     "publish_batch",
     "publish_batch_held",
+    "publish_prepared",
     "republish",
 ]
 
@@ -108,6 +110,23 @@ def publish_batch_held(
         yield results  # type: ignore[misc]
 
 
+def publish_prepared(items: list[tuple[Topic | Node, NewMessage]], *, publisher: str,
+                     guid: str, peer: str = "") -> list[Published | ServiceError]:
+    """Store messages whose rows were made elsewhere (a federation link's: the publisher is
+    on another server, so no publish right is asked here) as one batch; queue limits apply
+    as to any publish. The caller tells the subscribers."""
+    now = timezone.now()
+    results: list[Published | ServiceError | None] = [None] * len(items)
+    requests = [PublishRequest(account_id=0, guid=guid, kind="MESSAGE", topic=topic.path,
+                               cmuid=row.cmuid, message=codec.Message([], []), peer=peer)
+                for topic, row in items]
+    prepared: list[Prepared] = [(i, topic, row) for i, (topic, row) in enumerate(items)]
+    with hot_transaction():
+        prepared = _apply_queue_limits(prepared, results)
+        _store_batch(requests, prepared, {0: publisher}, results, now)
+    return results  # type: ignore[return-value]
+
+
 def _prepare_all(requests: list[PublishRequest], results: list,
                  now: datetime) -> tuple[list[Prepared], dict[int, str]]:
     """Check every publish of a batch (refusals go into ``results``): the ones that pass,
@@ -152,8 +171,11 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
     subs = subscriptions()
     allowed_by_topic = {topic_id: receivers(subs.get(topic_id, ()), topic, now)
                         for topic_id, topic in topics.items()}
-    for _, topic, row in prepared:
-        if not allowed_by_topic[topic.pk]:
+    # Per message: a Depth 0 message is not for peers (federation links).
+    allowed_by_row = {id(row): forwardable(allowed_by_topic[topic.pk], row.depth)
+                      for _, topic, row in prepared}
+    for _, _, row in prepared:
+        if not allowed_by_row[id(row)]:
             # Nobody to wait for: the timeout starts now, stored with the row (no UPDATE).
             row.expires = stored.expiry(row.timeout, now)
     # The rows of the batch's four tables go out together, as one statement (rows.Inserts).
@@ -161,7 +183,7 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
     stored.insert_messages([row for _, _, row in prepared], now, smuids, inserts)
     pairs: list[tuple[int, int]] = []
     for i, topic, row in prepared:
-        allowed = allowed_by_topic[topic.pk]
+        allowed = allowed_by_row[id(row)]
         if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
             accounts = [pick_queue_consumer(allowed, row.pk)]
         else:
@@ -230,7 +252,7 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     Delivery.objects.filter(message=message).delete()
     lock_topics([real.pk], exclusive=False)  # as a publish: see lock_topics
     subs = subscribers([real], now)().get(real.pk, [])
-    allowed = may_receive([a for a, _ in subs], real)
+    allowed = forwardable(may_receive([a for a, _ in subs], real), message.depth)
     Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
     Message.objects.filter(pk=message.pk).update(state=Message.State.PENDING, trashed=None,
                                                  expires=None)

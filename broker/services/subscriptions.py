@@ -19,11 +19,11 @@ from broker.store import messages as stored
 from broker.store.rows import lock_topics
 from topics.models import Topic
 from topics.tree import Node
-from ual.models import Right
 from ual.resolution import AccessSnapshot
 
 from . import ServiceError, not_found, notify, unauthorized
 from . import topics as topic_service
+from .deliveries import is_peer, receive_right
 from .freshness import answer_from_fresh_caches
 
 R = Subscription.Resource
@@ -61,14 +61,15 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     else:
         matched = [topic_service.visible_node(snapshot, pattern.base)]
     if resource == R.MESSAGE:
+        right = receive_right(account)
         if not pattern.wildcard:
-            if not snapshot.allows(matched[0], Right.SUBSCRIBE):
+            if not snapshot.allows(matched[0], right):
                 raise unauthorized(f"no subscribe right on {matched[0].path}")
         else:
             base = topic_service.node(pattern.base)
-            if base is not None and not snapshot.allows(base, Right.SUBSCRIBE):
+            if base is not None and not snapshot.allows(base, right):
                 # Below the base, only topics the account may subscribe to are covered.
-                matched = [t for t in matched if snapshot.allows(t, Right.SUBSCRIBE)]
+                matched = [t for t in matched if snapshot.allows(t, right)]
                 if not matched:
                     raise unauthorized(f"no subscribe right below {pattern.base}")
         if len(matched) > settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE:
@@ -98,7 +99,10 @@ def subscribe_backlog(account_id: int, topics: list[Topic | Node],
         by_mode[target.delivery_mode == Topic.DeliveryMode.QUEUE].add(target.pk)
     # A publish batch under way on these topics commits first, or sees this subscription.
     lock_topics(by_mode[False] | by_mode[True], exclusive=True)
-    return sum(stored.add_backlog(account_id, topic_ids, queue=queue, since=since, now=now)
+    # A peer (federation link) gets no Depth 0 message: it never leaves this server.
+    peer = is_peer(account_id)
+    return sum(stored.add_backlog(account_id, topic_ids, queue=queue, since=since, now=now,
+                                  forwardable_only=peer)
                for queue, topic_ids in by_mode.items() if topic_ids)
 
 
