@@ -56,9 +56,6 @@ INTEREST_POLL_SECONDS = 0.5
 #: A subscription the peer refused is asked for again after this long (a right granted
 #: there meanwhile).
 REFUSED_RETRY_SECONDS = 5.0
-#: How often the link looks for new topics on the peer (to make them here, so that they
-#: can be subscribed to before their first message comes).
-MIRROR_SECONDS = 10.0
 #: A reply not come by then: the peer is taken for gone.
 REPLY_TIMEOUT_SECONDS = 30.0
 
@@ -109,7 +106,7 @@ class LinkSession:
         self._writer: asyncio.StreamWriter | None = None
         self._replies: deque[asyncio.Future[Reply]] = deque()
         self._incoming: asyncio.Queue[NotifyMessage] = asyncio.Queue()
-        self._closed = asyncio.Event()
+        self._greeting: asyncio.Future[Greeting] | None = None
         self._quiet_since = 0.0
         self._logged_in = False
         # Patterns the peer refused (no right there, say), and when to ask again.
@@ -128,6 +125,9 @@ class LinkSession:
             except asyncio.CancelledError:
                 raise
             except (OSError, LinkError, ProtocolError, TimeoutError, ServiceError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a bug: said in the log, and the link tries again
+                logger.exception("link %s failed", self.config.name)
                 error = f"{type(exc).__name__}: {exc}"
             finally:
                 await self._flush_counts()
@@ -165,11 +165,11 @@ class LinkSession:
         self._writer = writer
         self._replies.clear()
         self._incoming = asyncio.Queue()
-        self._closed = asyncio.Event()
+        self._greeting = asyncio.get_running_loop().create_future()
         pump = asyncio.create_task(self._pump(reader))
         tasks: list[asyncio.Task] = [pump]
         try:
-            greeting = await self._greeting
+            greeting = await asyncio.wait_for(self._greeting, REPLY_TIMEOUT_SECONDS)
             if not greeting.ready:
                 raise LinkError("the peer is not available")
             await self._expect(Login(cfg.account, "CLEAR", "1.0"), "LOGIN")
@@ -208,7 +208,6 @@ class LinkSession:
         """Read what the peer sends; replies go to the commands waiting for them, messages to
         :meth:`_receive`. Returns when the peer closes."""
         loop = asyncio.get_running_loop()
-        self._greeting: asyncio.Future[Greeting] = loop.create_future()
         conn = self._conn
         assert conn is not None
         try:
@@ -222,6 +221,7 @@ class LinkSession:
                     return
                 self._quiet_since = loop.time()
                 if isinstance(event, Greeting):
+                    assert self._greeting is not None
                     self._greeting.set_result(event)
                 elif isinstance(event, Reply):
                     if not self._replies:
@@ -235,7 +235,7 @@ class LinkSession:
                     logger.info("link %s: the peer says BYE", self.config.name)
                 # NOTIFY TOPIC / SUB and the server's 310 ACK need nothing from a link.
         finally:
-            if not self._greeting.done():
+            if self._greeting is not None and not self._greeting.done():
                 self._greeting.set_exception(LinkError("closed before the greeting"))
             for fut in self._replies:
                 if not fut.done():
@@ -304,7 +304,7 @@ class LinkSession:
         first = True
         mirrored_at = float("-inf")
         while True:
-            if loop.time() - mirrored_at >= MIRROR_SECONDS:
+            if loop.time() - mirrored_at >= settings.SMQP_LINK_MIRROR_SECONDS:
                 await self._mirror()
                 mirrored_at = loop.time()
             wanted = await dbthread.run(rules.interest, cfg.name, self.imports)
