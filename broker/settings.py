@@ -358,6 +358,4 @@ SMQP_NOTIFY_CONNECT_TIMEOUT = env_int("SMQP_NOTIFY_CONNECT_TIMEOUT", 5)
 # (the wait doubles from a quarter second), and how often the supervisor re-reads the links.
 SMQP_LINK_BACKOFF_MAX = float(os.environ.get("SMQP_LINK_BACKOFF_MAX", "30"))
 SMQP_LINK_RELOAD_SECONDS = float(os.environ.get("SMQP_LINK_RELOAD_SECONDS", "2"))
-# How often a link looks for new topics on its peer (FIND TOPIC), to make them here below
-# /<link-name> so that they can be subscribed to before their first message comes.
-SMQP_LINK_MIRROR_SECONDS = float(os.environ.get("SMQP_LINK_MIRROR_SECONDS", "10"))
+

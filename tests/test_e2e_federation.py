@@ -27,23 +27,30 @@ def triangle(tmp_path_factory):
         yield domains
 
 
-def subscribe(d: Domain, pattern: str) -> Session:
-    """bob on ``d``, subscribed to ``pattern`` (retried until the topic is there: a link
-    makes its peer's topics here when it comes up)."""
+def subscribe(d: Domain, *patterns: str) -> Session:
+    """bob on ``d``, subscribed to ``patterns`` (retried: on a loaded machine the link's
+    topics may still be on their way)."""
     s = Session(d.host, d.port, "bob")
-    wait_for(lambda: s.command(f"SUB MESSAGE {pattern}").code == 200, 120,
-             f"SUB MESSAGE {pattern} on {d.name}", interval=0.5)
+    for pattern in patterns:
+        wait_for(lambda p=pattern: s.command(f"SUB MESSAGE {p}").code == 200, 120,
+                 f"SUB MESSAGE {pattern} on {d.name}", interval=0.5)
     return s
 
 
 def state(d: Domain) -> dict:
-    """Each link's row on ``d`` and its backlog (what ``d`` holds for that peer)."""
-    out = d.shell(
-        "import json\nfrom broker.models import Link\nfrom broker.services import federation\n"
-        "print(json.dumps({l.name: {'state': l.state, 'stored': l.stored, 'dropped': "
-        "l.dropped, 'last_error': l.last_error, 'subscribed': l.subscribed.split(), "
-        "'backlog': federation.backlog(l)} for l in Link.objects.all()}))")
-    return json.loads(out.strip().splitlines()[-1])
+    """Each link's row on ``d`` and its backlog: what ``d`` holds for that peer (pending
+    deliveries to the peer's account here, as the admin counts them)."""
+    out = {}
+    for name, st, stored, dropped, error, subscribed, peer in d.sql(
+            "SELECT name, state, stored, dropped, last_error, subscribed, peer_account_id "
+            "FROM broker_link"):
+        [(backlog,)] = d.sql(
+            "SELECT count(*) FROM broker_delivery d JOIN broker_message m ON m.id = "
+            "d.message_id WHERE d.account_id = ? AND d.state IN ('pending', 'notified') "
+            "AND m.state = 'pending'", (peer,))
+        out[name] = {"state": st, "stored": stored, "dropped": dropped, "last_error": error,
+                     "subscribed": subscribed.split(), "backlog": backlog}
+    return out
 
 
 def wait_subscribed(d: Domain, link: str, pattern: str) -> None:
@@ -55,14 +62,13 @@ def wait_subscribed(d: Domain, link: str, pattern: str) -> None:
 def stored_origins(d: Domain, prefix: str) -> list[tuple[str, str, str, str]]:
     """(topic, X-Origin, X-Route, Depth) of every message ``d`` stored below ``prefix``, in
     smuid order."""
-    out = d.shell(
-        "import json\nfrom broker.models import Message\nrows = []\n"
-        f"for m in Message.objects.filter(topic__key__startswith={prefix.casefold()!r})"
-        ".select_related('topic').order_by('pk'):\n"
-        "    h = {k.lower(): v for k, v in m.headers}\n"
-        "    rows.append([m.topic.path, h.get('x-origin'), h.get('x-route'), h.get('depth')])\n"
-        "print(json.dumps(rows))")
-    return [tuple(r) for r in json.loads(out.strip().splitlines()[-1])]
+    rows = []
+    for path, headers in d.sql(
+            "SELECT t.path, m.headers FROM broker_message m JOIN topics_topic t ON t.id = "
+            "m.topic_id WHERE t.key LIKE ? ORDER BY m.id", (prefix.casefold() + "%",)):
+        h = {k.lower(): v for k, v in json.loads(headers)}
+        rows.append((path, h.get("x-origin"), h.get("x-route"), h.get("depth")))
+    return rows
 
 
 def publish(d: Domain, topic: str, depth: int, n: int = 1, tag: str = "m") -> list[int]:
@@ -113,4 +119,95 @@ def test_depth_zero_stays_on_a(triangle):
     [msg] = receive(on_b, 1)
     assert header(msg, "X-Origin") == f"a.test/{marker}"
     assert local < nodepth < marker
+    on_b.close()
+
+
+def settled(domains: dict[str, Domain]) -> dict[str, dict]:
+    """Each domain's link states once no server holds anything for any peer (every copy that
+    travels has been stored or dropped) and the link counters have stopped moving."""
+    last: list[dict] = []
+
+    def quiet() -> dict | None:
+        now = {name: state(d) for name, d in domains.items()}
+        empty = all(link["backlog"] == 0 for s in now.values() for link in s.values())
+        same = bool(last) and last[-1] == now
+        last.append(now)
+        return now if empty and same else None
+
+    try:
+        return wait_for(quiet, 180, "the federation to settle", interval=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {last[-1] if last else None}") from None
+
+
+def test_depth_unlimited_reaches_each_once_without_loops(triangle):
+    """Depth -1 over every route of the triangle: B and C each store every message once
+    (the second copy, by the other route, is a duplicate), and A drops its own messages
+    coming back (its context is on their route)."""
+    a, b, c = triangle["a"], triangle["b"], triangle["c"]
+    subs = [(b, ["/a/news/dm", "/c/a/news/dm"]), (c, ["/a/news/dm", "/b/a/news/dm"]),
+            (a, ["/b/a/news/dm", "/c/a/news/dm"])]
+    # One session per server: every session of an account gets its messages.
+    sessions = {d.name: subscribe(d, *patterns) for d, patterns in subs}
+    for d, link, pattern in [(b, "a", "/news/dm"), (b, "c", "/a/news/dm"),
+                             (c, "a", "/news/dm"), (c, "b", "/a/news/dm"),
+                             (a, "b", "/a/news/dm"), (a, "c", "/a/news/dm")]:
+        wait_subscribed(d, link, pattern)
+    before = {name: state(d) for name, d in triangle.items()}
+    smuids = publish(a, "/news/dm", -1, n=5, tag="mesh")
+    origins = [f"a.test/{n}" for n in smuids]
+    after = settled(triangle)
+    for d in (b, c):
+        rows = stored_origins(d, "/")
+        mine = [r for r in rows if r[1] in origins]
+        assert sorted(r[1] for r in mine) == sorted(origins), (d.name, mine)
+        for _topic, _, route, depth in mine:
+            assert depth == "-1"
+            assert route.endswith(f",{d.context}") and route.startswith("a.test,")
+    assert [r for r in stored_origins(a, "/") if r[1] in origins] == []
+
+    def dropped(name: str) -> int:
+        return sum(after[name][link]["dropped"] - before[name][link]["dropped"]
+                   for link in after[name])
+
+    # Every message came back to A at least once (from B or C, whichever stored it from A
+    # directly) and reached B or C a second time: at least one loop and one duplicate each.
+    assert dropped("a") >= 5
+    assert dropped("b") + dropped("c") >= 5
+    # B's and C's subscriber got each message once, by whichever route it was stored.
+    for d in (b, c):
+        s, got = sessions[d.name], []
+        while not set(origins) <= set(got):
+            got.append(header(s.message(timeout=120), "X-Origin"))
+            s.ack()
+        assert s.quiet(0.5)  # nothing more: each is stored there once (above)
+        assert sorted(o for o in got if o in origins) == sorted(origins), (d.name, got)
+    assert sessions["a"].quiet(0.5)
+    for s in sessions.values():
+        s.close()
+
+
+def test_peer_without_remote_right_gets_nothing(triangle):
+    """On A, B's account may subscribe to /secret (it can see it, so B makes /a/secret) but
+    has no ``remote`` right there: B's link is refused, and a subscription B's account held
+    there anyway (made while it had the right) gets no delivery."""
+    a, b = triangle["a"], triangle["b"]
+    a.shell("from accounts.models import Account\nfrom topics.models import Topic\n"
+            "from ual import grants\n"
+            "grants.grant_to_many(Topic.objects.get(key='/secret'), 'subscribe', 'allow', "
+            "[Account.objects.get(username='peer_b')])")
+    on_b = subscribe(b, "/a/secret")
+    wait_for(lambda: "/secret" in state(b)["a"]["last_error"], 120,
+             "B's link refused /secret on A", interval=0.5)
+    assert "/secret" not in state(b)["a"]["subscribed"]
+    # As if subscribed before the right went: the publish still gives B's account nothing.
+    a.shell("from accounts.models import Account\nfrom broker.models import Subscription\n"
+            "Subscription.objects.create(account=Account.objects.get(username='peer_b'), "
+            "resource='MESSAGE', pattern='/secret')")
+    [secret] = publish(a, "/secret", -1, tag="secret")
+    assert a.sql("SELECT count(*) FROM broker_delivery d JOIN accounts_account a ON a.id = "
+                 "d.account_id WHERE d.message_id = ? AND a.username = 'peer_b'",
+                 (secret,)) == [(0,)]
+    assert stored_origins(b, "/a/secret") == []
+    assert on_b.quiet(0.5)
     on_b.close()

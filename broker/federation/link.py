@@ -39,7 +39,6 @@ from broker.smqp import (
 )
 from broker.smqp.commands import (
     Ack,
-    FindTopic,
     Login,
     Noop,
     Pass,
@@ -58,6 +57,17 @@ INTEREST_POLL_SECONDS = 0.5
 REFUSED_RETRY_SECONDS = 5.0
 #: A reply not come by then: the peer is taken for gone.
 REPLY_TIMEOUT_SECONDS = 30.0
+
+
+async def _db(fn, *args):
+    """``fn(*args)`` on the database thread."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        return await dbthread.run(fn, *args)
+    finally:
+        if loop.time() - t0 > 1:
+            logger.warning("DBG slow %s: %.1fs", fn.__name__, loop.time() - t0)
 
 
 class LinkError(Exception):
@@ -116,7 +126,7 @@ class LinkSession:
 
     async def run(self) -> None:
         attempt = 0
-        await dbthread.run(rules.prepare_link_topics, self.config.name, self.imports)
+        await _db(rules.prepare_link_topics, self.config.name, self.imports)
         while True:
             await self._state(Link.State.CONNECTING)
             try:
@@ -141,11 +151,11 @@ class LinkSession:
             await asyncio.sleep(delay)
 
     async def _state(self, state: str, error: str | None = None) -> None:
-        await dbthread.run(rules.record_state, self.config.id, state, error)
+        await _db(rules.record_state, self.config.id, state, error)
 
     async def _flush_counts(self) -> None:
         stored, dropped, self.stored, self.dropped = self.stored, self.dropped, 0, 0
-        await dbthread.run(rules.record_counts, self.config.id, stored, dropped,
+        await _db(rules.record_counts, self.config.id, stored, dropped,
                            sorted(self.subscribed, key=str.casefold))
 
     # ------------------------------------------------------------------- one session
@@ -267,7 +277,7 @@ class LinkSession:
         while True:
             event = await self._incoming.get()
             try:
-                result = await dbthread.run(rules.accept_forwarded, cfg.name, self.imports,
+                result = await _db(rules.accept_forwarded, cfg.name, self.imports,
                                             event.topic, event.message, f"link:{cfg.name}")
             except ServiceError as exc:
                 # Not ACKed: the peer sends it again after its retry timeout.
@@ -277,6 +287,7 @@ class LinkSession:
                 continue
             if result.smuid is not None:
                 self.stored += 1
+                logger.info("link %s: stored %s as %s", cfg.name, result.origin, result.smuid)
             else:
                 self.dropped += 1
                 logger.info("link %s: dropped %s (%s)", cfg.name, result.origin, result.dropped)
@@ -284,30 +295,14 @@ class LinkSession:
             self._writer.write(self._conn.send(Ack()))
             await self._writer.drain()
 
-    async def _mirror(self) -> None:
-        """FIND TOPIC on the peer for each import; make the topics found here, below
-        ``/<link-name>``."""
-        found: list[str] = []
-        for imp in self.imports:
-            reply = await self._command(FindTopic(imp))
-            if reply.code != 200:
-                continue
-            found += [line.split(" ", 1)[0] for line in reply.lines if line.startswith("/")]
-        if found:
-            await dbthread.run(rules.mirror_topics, self.config.name, self.imports, found)
-
     async def _interest(self) -> None:
         """Keep the peer's subscriptions equal to what is wanted here; flush the counters;
         NOOP a quiet line."""
         cfg = self.config
         loop = asyncio.get_running_loop()
         first = True
-        mirrored_at = float("-inf")
         while True:
-            if loop.time() - mirrored_at >= settings.SMQP_LINK_MIRROR_SECONDS:
-                await self._mirror()
-                mirrored_at = loop.time()
-            wanted = await dbthread.run(rules.interest, cfg.name, self.imports)
+            wanted = await _db(rules.interest, cfg.name, self.imports)
             want = {p.casefold(): p for p in wanted}
             have = {p.casefold(): p for p in self.subscribed}
             # After a login every wanted pattern is subscribed again: idempotent on the peer,

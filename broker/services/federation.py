@@ -38,10 +38,11 @@ from broker.models import Delivery, FederatedOrigin, Link, Subscription
 from broker.store.messages import NewMessage
 from topics import paths
 from topics.models import Topic
+from ual.resolution import AccessSnapshot
 
 from . import ServiceError, bad_request, not_found, notify
 from . import topics as topic_service
-from .deliveries import effective
+from .deliveries import effective, receive_right
 from .prepare import too_large
 from .publish import Published, publish_prepared
 
@@ -247,23 +248,28 @@ def prepare_link_topics(link_name: str, imports: list[TopicPattern]) -> None:
                 _ensure_topic(f"/{link_name}{imp.base}")
 
 
-def mirror_topics(link_name: str, imports: list[TopicPattern], peer_paths: list[str]) -> int:
-    """Make here, below ``/<link-name>``, the peer's topics the link imports (what FIND
-    TOPIC found there); returns how many were new. Account topics are the peer's own."""
-    made = 0
-    for path in peer_paths:
-        try:
-            paths.check_creatable(path)
-        except paths.InvalidTopicPath:
-            continue
-        if paths.is_under_accounts(path) or not imported(path, imports):
-            continue
-        local = f"/{link_name}{path}"
-        if topic_service.node(local) is None and topic_service.find(local) is None:
-            with transaction.atomic():
-                _ensure_topic(local)
-            made += 1
-    return made
+def make_link_topic(snapshot: AccessSnapshot, path: str) -> None:
+    """SUBSCRIBE below a link's root (``/east/news/x``) to a topic that is not here yet:
+    it is made, with the missing topics above it, when the account may receive from the
+    nearest one that is. A link's subtree mirrors the peer's on demand: what is subscribed
+    to here is what the link subscribes to there (and a peer's account here, subscribing
+    for its own subscribers, makes them the same way)."""
+    if topic_service.node(path) is not None:
+        return
+    segs = paths.segments(path)
+    if len(segs) < 2 or not Link.objects.filter(name__iexact=segs[0]).exists():
+        return
+    try:
+        paths.check_creatable(path)
+    except paths.InvalidTopicPath:
+        return
+    for i in range(len(segs) - 1, 0, -1):
+        found = topic_service.node("/" + "/".join(segs[:i]))
+        if found is not None:
+            if (found.state == Topic.State.ACTIVE and not found.is_virtual
+                    and snapshot.allows(found, receive_right(snapshot.account))):
+                _ensure_topic(path)
+            return
 
 
 def record_state(link_id: int, state: str, error: str | None = None) -> None:
@@ -295,5 +301,5 @@ def backlog(link: Link) -> int | None:
 
 
 __all__ = ["Accepted", "Published", "accept_forwarded", "backlog", "imported", "interest",
-           "mirror_topics", "own_context", "parse_imports", "prepare_link_topics", "record_counts",
-           "record_state"]
+           "make_link_topic", "own_context", "parse_imports", "prepare_link_topics",
+           "record_counts", "record_state"]

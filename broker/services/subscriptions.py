@@ -21,7 +21,7 @@ from topics.models import Topic
 from topics.tree import Node
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, not_found, notify, unauthorized
+from . import ServiceError, federation, not_found, notify, unauthorized
 from . import topics as topic_service
 from .deliveries import is_peer, receive_right
 from .freshness import answer_from_fresh_caches
@@ -56,6 +56,9 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     assert pattern is not None
     if pattern.wildcard and pattern.base in ("", "/"):
         raise _too_many("cannot subscribe to every topic")
+    if resource == R.MESSAGE:
+        # Below a federation link's root, the topic may not be here before its first message.
+        federation.make_link_topic(snapshot, pattern.base)
     if pattern.wildcard:
         matched = topic_service._matching(snapshot, pattern)
     else:
