@@ -66,7 +66,8 @@ def stored_origins(d: Domain, prefix: str) -> list[tuple[str, str, str, str]]:
     for path, headers in d.sql(
             "SELECT t.path, m.headers FROM broker_message m JOIN topics_topic t ON t.id = "
             "m.topic_id WHERE t.key LIKE ? ORDER BY m.id", (prefix.casefold() + "%",)):
-        h = {k.lower(): v for k, v in json.loads(headers)}
+        pairs = json.loads(headers) if isinstance(headers, str) else headers  # PostgreSQL: jsonb
+        h = {k.lower(): v for k, v in pairs}
         rows.append((path, h.get("x-origin"), h.get("x-route"), h.get("depth")))
     return rows
 

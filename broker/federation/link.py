@@ -60,14 +60,8 @@ REPLY_TIMEOUT_SECONDS = 30.0
 
 
 async def _db(fn, *args):
-    """``fn(*args)`` on the database thread."""
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    try:
-        return await dbthread.run(fn, *args)
-    finally:
-        if loop.time() - t0 > 1:
-            logger.warning("DBG slow %s: %.1fs", fn.__name__, loop.time() - t0)
+    """``fn(*args)`` on the database thread (the listener's: one connection, one thread)."""
+    return await dbthread.run(fn, *args)
 
 
 class LinkError(Exception):

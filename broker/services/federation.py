@@ -33,6 +33,7 @@ from broker.domain.values import (
     parse_smuid_header,
     parse_timeout,
     parse_topic_pattern,
+    validate_topic,
 )
 from broker.models import Delivery, FederatedOrigin, Link, Subscription
 from broker.store.messages import NewMessage
@@ -40,7 +41,7 @@ from topics import paths
 from topics.models import Topic
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, bad_request, not_found, notify
+from . import ServiceError, not_found, notify
 from . import topics as topic_service
 from .deliveries import effective, receive_right
 from .prepare import too_large
@@ -143,16 +144,19 @@ def accept_forwarded(link_name: str, imports: list[TopicPattern], peer_topic: st
     this returns, the link may ACK it. Raises ServiceError when it can be neither stored
     nor dropped (a limit of the topic here): the link does not ACK it then, and the peer
     sends it again after its retry timeout."""
-    smuid_hdr = message.get("Smuid")
-    if not smuid_hdr:
-        raise bad_request("a forwarded message needs its Smuid")
-    peer_context, _ = parse_smuid_header(smuid_hdr)
-    origin = (message.get(ORIGIN) or smuid_hdr).strip()
+    smuid_hdr = (message.get("Smuid") or "").strip()
+    try:
+        peer_context, _ = parse_smuid_header(smuid_hdr)
+        depth = parse_int(message.get("Depth") or "0", minimum=-1)
+        validate_topic(peer_topic)
+    except ProtocolError as exc:
+        # It would be as malformed when sent again: dropped (and ACKed), and said.
+        return Accepted(smuid_hdr[:300], dropped=f"malformed ({exc.text})")
+    origin = (message.get(ORIGIN) or smuid_hdr).strip()[:300]
     route = [r.strip() for r in (message.get(ROUTE) or peer_context).split(",") if r.strip()]
     me = own_context()
     if me.casefold() in {r.casefold() for r in route}:
         return Accepted(origin, dropped="loop")
-    depth = parse_int(message.get("Depth") or "0", minimum=-1)
     if depth == 0:
         return Accepted(origin, dropped="depth")
     if not imported(peer_topic, imports):
@@ -176,6 +180,8 @@ def accept_forwarded(link_name: str, imports: list[TopicPattern], peer_topic: st
             FederatedOrigin.objects.create(origin=origin, message_id=result.smuid,
                                            link=link_name)
             notify.messages_committed_on_commit([result])
+    except (ProtocolError, ValueError) as exc:  # a header value that does not parse
+        return Accepted(origin, dropped=f"malformed ({getattr(exc, 'text', exc)})")
     except IntegrityError:
         # The same origin stored meanwhile by another link (another route): this copy is
         # the second one.
