@@ -103,7 +103,7 @@ def interest(link_name: str, imports: list[TopicPattern]) -> list[str]:
     rows = (Subscription.objects.filter(resource=Subscription.Resource.MESSAGE,
                                         pattern_key__startswith=prefix.casefold() + "/")
             .values_list("pattern", flat=True).distinct())
-    wanted: dict[str, str] = {}
+    wanted: dict[str, TopicPattern] = {}
     for pattern in rows:
         try:
             local = parse_topic_pattern(pattern)
@@ -121,8 +121,12 @@ def interest(link_name: str, imports: list[TopicPattern]) -> list[str]:
                 elif _covers(peer, imp):
                     narrowed.append(imp)
         for p in narrowed:
-            wanted.setdefault(str(p).casefold(), str(p))
-    return sorted(wanted.values(), key=str.casefold)
+            wanted.setdefault(str(p).casefold(), p)
+    # One subscription per subtree: what another one covers is left out.
+    found = list(wanted.values())
+    kept = [p for p in found
+            if not any(q is not p and _covers(q, p) for q in found)]
+    return sorted((str(p) for p in kept), key=str.casefold)
 
 
 # ----------------------------------------------------------------------------- accepting
