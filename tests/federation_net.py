@@ -12,7 +12,6 @@ named P (what P sends is stored below ``/P``) logging in to P as ``peer_X``.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import subprocess
 import sys
@@ -28,7 +27,6 @@ from tests.conftest import (
     BrokerProcess,
     fresh_database,
     run_manage,
-    start_listener,
     stop_process,
 )
 
@@ -132,30 +130,35 @@ class Domain:
         with psycopg.connect(url) as db:
             return list(db.execute(query.replace("?", "%s"), params))
 
-    def start_listener(self, port: int = 0) -> None:
-        args = ("--port", str(port)) if port else ()
-        # start_listener passes --port 0 first; a later --port wins (argparse).
-        self.listener = start_listener(self.env, self.var, *args, name=f"smqp-{self.name}")
+    def start_listener(self, port: int = 0, host: str = "127.0.0.1",
+                       prefix: list[str] | None = None) -> None:
+        """``runsmqp`` on ``host:port`` (0: a free port), run through ``prefix`` if given
+        (``ip netns exec NS``)."""
+        log_path = self.var / f"smqp-{self.name}-{uuid.uuid4().hex[:6]}.log"
+        proc = subprocess.Popen(
+            [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runsmqp", "--host",
+             host, "--port", str(port)], env=self.env, cwd=ROOT, stdout=log_path.open("w"),
+            stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            match = re.search(r"SMQP listening on ([\d.]+):(\d+)", log_path.read_text())
+            if match:
+                self.listener = BrokerProcess(match[1], int(match[2]), self.env, proc,
+                                              self.var, log_path)
+                return
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.kill()
+        raise AssertionError(f"runsmqp did not start:\n{log_path.read_text()}")
 
-    def start_links(self) -> None:
+    def start_links(self, prefix: list[str] | None = None) -> None:
+        """``runlinks``, run through ``prefix`` if given."""
         self.links_log = self.var / f"links-{self.name}-{uuid.uuid4().hex[:6]}.log"
         self.links = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runlinks"], env=self.env, cwd=ROOT,
-            stdout=self.links_log.open("w"), stderr=subprocess.STDOUT)
-
-    def links_text(self) -> str:
-        return self.links_log.read_text(errors="replace") if self.links_log else ""
-
-    def link_rows(self) -> dict[str, dict]:
-        """Each link's row here: state, stored, dropped, last error, subscribed."""
-        out = self.shell(
-            "import json\nfrom broker.models import Link\n"
-            "print(json.dumps({l.name: {'state': l.state, 'stored': l.stored, "
-            "'dropped': l.dropped, 'last_error': l.last_error, 'subscribed': l.subscribed} "
-            "for l in Link.objects.all()}))")
-        import json
-
-        return json.loads(out.strip().splitlines()[-1])
+            [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runlinks"],
+            env=self.env, cwd=ROOT, stdout=self.links_log.open("w"),
+            stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
         if self.links is not None:
@@ -179,12 +182,23 @@ def wait_for(condition, timeout: float = 90.0, what: str = "condition", interval
 @contextmanager
 def federation(backend: str, base: Path, names: tuple[str, ...] = ("a", "b", "c"),
                no_remote: dict[str, tuple[str, ...]] | None = None,
-               hosts: dict[str, str] | None = None,
-               listen: dict[str, tuple[str, int]] | None = None) -> Iterator[dict[str, Domain]]:
-    """Brokers ``names`` (contexts ``<name>.test``), each linked to every other. On domain
-    X, ``no_remote[X]`` lists the peers whose account gets no ``remote`` right there.
-    ``hosts``/``listen`` (netns runs): the address each domain's links use for a peer,
-    and the host and port each listener binds."""
+               extra_env: dict[str, str] | None = None) -> Iterator[dict[str, Domain]]:
+    """Brokers ``names`` (contexts ``<name>.test``) on localhost, each linked to every
+    other. On domain X, ``no_remote[X]`` lists the peers whose account gets no ``remote``
+    right there."""
+    with prepared(backend, base, names, no_remote, extra_env) as domains:
+        for d in domains.values():
+            d.start_listener()
+        link_all(domains)
+        yield domains
+
+
+@contextmanager
+def prepared(backend: str, base: Path, names: tuple[str, ...],
+             no_remote: dict[str, tuple[str, ...]] | None = None,
+             extra_env: dict[str, str] | None = None) -> Iterator[dict[str, Domain]]:
+    """The domains' databases, accounts, topics and rights; nothing started yet (what is
+    started later is stopped on the way out)."""
     no_remote = no_remote or {}
     with ExitStack() as stack:
         domains: dict[str, Domain] = {}
@@ -192,50 +206,19 @@ def federation(backend: str, base: Path, names: tuple[str, ...] = ("a", "b", "c"
             var = base / name
             var.mkdir(parents=True, exist_ok=True)
             env = stack.enter_context(fresh_database(backend, var, {
-                **FAST_LINKS, "SMQP_SERVER_CONTEXT": f"{name}.test"}))
+                **FAST_LINKS, **(extra_env or {}), "SMQP_SERVER_CONTEXT": f"{name}.test"}))
             peers = [p for p in names if p != name]
             run_manage(env, "shell", "--no-imports", "-c", SETUP.format(
                 me=name, peers=peers, no_remote=list(no_remote.get(name, ()))))
             domains[name] = Domain(name, f"{name}.test", env, var)
-        for d in domains.values():
-            stack.callback(d.stop)
-            if listen and d.name in listen:
-                d.env = {**d.env, **listen_env(listen[d.name])}
-                d.listener = start_listener_at(d, *listen[d.name])
-            else:
-                d.start_listener()
-        for d in domains.values():
-            links = [(p, (hosts or {}).get(p, domains[p].host), domains[p].port, d.name)
-                     for p in names if p != d.name]
-            d.shell(LINK.format(links=links))
-            d.start_links()
+            stack.callback(domains[name].stop)
         yield domains
 
 
-def listen_env(address: tuple[str, int]) -> dict[str, str]:
-    return {"SMQP_HOST": address[0]}
-
-
-def start_listener_at(d: Domain, host: str, port: int, prefix: list[str] | None = None
-                      ) -> BrokerProcess:
-    """A listener bound to ``host:port`` (``prefix``: run it through, e.g. ``ip netns
-    exec``)."""
-    log_path = d.var / f"smqp-{d.name}-{uuid.uuid4().hex[:6]}.log"
-    proc = subprocess.Popen(
-        [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runsmqp", "--host", host,
-         "--port", str(port)], env=d.env, cwd=ROOT, stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        match = re.search(r"SMQP listening on ([\d.]+):(\d+)", log_path.read_text())
-        if match:
-            return BrokerProcess(match[1], int(match[2]), d.env, proc, d.var, log_path)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"runsmqp did not start:\n{log_path.read_text()}")
-
-
-def pg_or_sqlite() -> list[str]:
-    return ["sqlite", "postgres"] if os.environ.get("SMQP_FED_BOTH") else ["sqlite"]
+def link_all(domains: dict[str, Domain], prefix: dict[str, list[str]] | None = None) -> None:
+    """Every domain's links to every other (at the address its listener bound), and its
+    link supervisor started (through ``prefix[name]``, e.g. ``ip netns exec NS``)."""
+    for d in domains.values():
+        links = [(p.name, p.host, p.port, d.name) for p in domains.values() if p is not d]
+        d.shell(LINK.format(links=links))
+        d.start_links((prefix or {}).get(d.name))
