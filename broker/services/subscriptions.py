@@ -19,6 +19,7 @@ from broker.store import messages as stored
 from broker.store.rows import lock_topics
 from topics.models import Topic
 from topics.tree import Node
+from ual.models import Right
 from ual.resolution import AccessSnapshot
 
 from . import ServiceError, federation, not_found, notify, unauthorized
@@ -64,15 +65,21 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     else:
         matched = [topic_service.visible_node(snapshot, pattern.base)]
     if resource == R.MESSAGE:
+        # A peer server (federation) may subscribe with the subscribe right or the remote
+        # right; what it receives is decided by the remote right alone (deliveries).
         right = receive_right(account)
+
+        def may(t: Topic | Node) -> bool:
+            return snapshot.allows(t, Right.SUBSCRIBE) or snapshot.allows(t, right)
+
         if not pattern.wildcard:
-            if not snapshot.allows(matched[0], right):
+            if not may(matched[0]):
                 raise unauthorized(f"no subscribe right on {matched[0].path}")
         else:
             base = topic_service.node(pattern.base)
-            if base is not None and not snapshot.allows(base, right):
+            if base is not None and not may(base):
                 # Below the base, only topics the account may subscribe to are covered.
-                matched = [t for t in matched if snapshot.allows(t, right)]
+                matched = [t for t in matched if may(t)]
                 if not matched:
                     raise unauthorized(f"no subscribe right below {pattern.base}")
         if len(matched) > settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE:
@@ -82,8 +89,9 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     if resource == R.MESSAGE:
         if created:
             _announce_counts(matched)
-        # Messages still held there that the account never got are delivered now.
-        subscribe_backlog(account.pk, matched, since)
+        # Messages still held there that the account never got are delivered now (where
+        # it may receive them: a peer, with the remote right).
+        subscribe_backlog(account.pk, [t for t in matched if snapshot.allows(t, right)], since)
     return [t.path for t in matched] or [str(pattern)]
 
 
