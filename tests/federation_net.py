@@ -131,18 +131,22 @@ class Domain:
             return list(db.execute(query.replace("?", "%s"), params))
 
     def start_listener(self, port: int = 0, host: str = "127.0.0.1",
-                       prefix: list[str] | None = None) -> None:
+                       prefix: list[str] | None = None, tls: bool = False) -> None:
         """``runsmqp`` on ``host:port`` (0: a free port), run through ``prefix`` if given
-        (``ip netns exec NS``)."""
+        (``ip netns exec NS``); with ``tls``, SMQPS as well (its port in ``extra``)."""
         log_path = self.var / f"smqp-{self.name}-{uuid.uuid4().hex[:6]}.log"
         proc = subprocess.Popen(
             [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runsmqp", "--host",
-             host, "--port", str(port)], env=self.env, cwd=ROOT, stdout=log_path.open("w"),
-            stderr=subprocess.STDOUT)
+             host, "--port", str(port), *(("--tls-port", "0") if tls else ())],
+            env=self.env, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            match = re.search(r"SMQP listening on ([\d.]+):(\d+)", log_path.read_text())
-            if match:
+            text = log_path.read_text()
+            match = re.search(r"SMQP listening on ([\d.]+):(\d+)", text)
+            secure = re.search(r"SMQPS listening on [\d.]+:(\d+)", text)
+            if secure:
+                self.extra["tls_port"] = int(secure[1])
+            if match and (secure or not tls):
                 self.listener = BrokerProcess(match[1], int(match[2]), self.env, proc,
                                               self.var, log_path)
                 return
