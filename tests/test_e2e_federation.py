@@ -21,9 +21,9 @@ from tests.smqp_session import Session, header, smuid_of
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def triangle(tmp_path_factory):
-    with federation("sqlite", tmp_path_factory.mktemp("fed")) as domains:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def triangle(request, tmp_path_factory):
+    with federation(request.param, tmp_path_factory.mktemp(f"fed-{request.param}")) as domains:
         yield domains
 
 
