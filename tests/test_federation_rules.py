@@ -287,3 +287,17 @@ def test_admin_shows_each_links_state_backlog_and_last_error(admin_client):
     link = Link.objects.get()
     change = admin_client.get(f"/admin/broker/link/{link.pk}/change/").content.decode()
     assert "Connection refused" in change and 'type="password"' in change
+
+
+def test_a_publisher_cannot_forge_an_origin_or_a_route():
+    news = topic("/news")
+    bob = make_account("bob")
+    grants.grant_to_many(news, "publish", "allow", [bob])
+    invalidate_local()
+    req = PublishRequest(account_id=bob.pk, guid="g", kind="MESSAGE", topic="/news", cmuid="c",
+                         message=codec.Message([("Created", "D08232001T14451246Z"),
+                                                ("X-Origin", "c.test/5"),
+                                                ("x-route", "b.test"), ("X-Other", "kept")], []))
+    stored = dict(Message.objects.get(pk=publish(req).smuid).headers)
+    assert "X-Origin" not in stored and "x-route" not in stored
+    assert stored["X-Other"] == "kept"

@@ -150,7 +150,7 @@ class LinkSession:
     async def _flush_counts(self) -> None:
         stored, dropped, self.stored, self.dropped = self.stored, self.dropped, 0, 0
         await _db(rules.record_counts, self.config.id, stored, dropped,
-                           sorted(self.subscribed, key=str.casefold))
+                  sorted(self.subscribed, key=str.casefold))
 
     # ------------------------------------------------------------------- one session
 
@@ -281,10 +281,10 @@ class LinkSession:
                 continue
             if result.smuid is not None:
                 self.stored += 1
-                logger.info("link %s: stored %s as %s", cfg.name, result.origin, result.smuid)
+                logger.debug("link %s: stored %s as %s", cfg.name, result.origin, result.smuid)
             else:
                 self.dropped += 1
-                logger.info("link %s: dropped %s (%s)", cfg.name, result.origin, result.dropped)
+                logger.debug("link %s: dropped %s (%s)", cfg.name, result.origin, result.dropped)
             assert self._writer is not None and self._conn is not None
             self._writer.write(self._conn.send(Ack()))
             await self._writer.drain()
