@@ -61,3 +61,33 @@ def test_kill_mid_stream_loses_and_duplicates_nothing(backend, tmp_path):
         print(f"{backend}: {at_kill} of {FIRST} stored at B when it was killed; dropped as "
               f"duplicates after: {state(b)['a']['dropped']}; "
               f"{len(got) - len(set(got))} repeated to the new session")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_peer_killed_mid_stream_the_link_reconnects_and_catches_up(backend, tmp_path):
+    """The other end: A's listener (where B's link is logged in) killed with SIGKILL while
+    it sends. B's link reconnects with its backoff once A is back, and A sends again what B
+    had not ACKed; B stores each message once, in order."""
+    with federation(backend, tmp_path, names=("a", "b")) as domains:
+        a, b = domains["a"], domains["b"]
+        bob = subscribe(b, "/a/news/kill")
+        wait_subscribed(b, "a", "/news/kill")
+        origins = [f"a.test/{n}" for n in publish(a, "/news/kill", -1, n=FIRST, tag="x")]
+        wait_for(lambda: len(stored_origins(b, "/a/news/kill")) >= 10, 180,
+                 "B to store the first messages", interval=0.05)
+        a.listener.proc.send_signal(signal.SIGKILL)
+        a.listener.proc.wait(timeout=30)
+        at_kill = len(stored_origins(b, "/a/news/kill"))
+        wait_for(lambda: state(b)["a"]["state"] in ("down", "connecting"), 60,
+                 "B's link to notice")
+        a.start_listener(port=a.port)
+        wait_for(lambda: len(stored_origins(b, "/a/news/kill")) >= len(origins), 300,
+                 "B to catch up", interval=0.5)
+        assert [r[1] for r in stored_origins(b, "/a/news/kill")] == origins, at_kill
+        got = []
+        while not set(origins) <= set(got):
+            got.append(header(bob.message(timeout=120), "X-Origin"))
+            bob.ack()
+        assert got == origins
+        bob.close()
+        print(f"{backend}: {at_kill} of {FIRST} stored at B when A was killed")
