@@ -39,6 +39,7 @@ from broker.models import Delivery, FederatedOrigin, Link, Subscription
 from broker.store.messages import NewMessage
 from topics import paths
 from topics.models import Topic
+from topics.tree import Node
 from ual.resolution import AccessSnapshot
 
 from . import ServiceError, not_found, notify
@@ -195,9 +196,12 @@ def accept_forwarded(link_name: str, imports: list[TopicPattern], peer_topic: st
     return Accepted(origin, smuid=result.smuid)
 
 
-def _ensure_topic(path: str) -> Topic:
+def _ensure_topic(path: str) -> Topic | Node:
     """The topic at ``path``, with every missing topic on the way made (the link's subtree
     mirrors the peer's topics as their messages arrive)."""
+    known = topic_service.node(path)  # the in-memory tree: no query for a known topic
+    if known is not None and known.state == Topic.State.ACTIVE and not known.is_virtual:
+        return known
     paths.check_creatable(path)
     parent: Topic | None = None
     segs = paths.segments(path)
@@ -220,7 +224,7 @@ def _ensure_topic(path: str) -> Topic:
     return parent
 
 
-def _row(topic: Topic, msg: codec.Message, link_name: str, cmuid: str) -> NewMessage:
+def _row(topic: Topic | Node, msg: codec.Message, link_name: str, cmuid: str) -> NewMessage:
     """The row of a forwarded message (as :func:`.prepare.prepare` makes a publish's, without
     the publisher's rights: the peer's are checked where it logged in)."""
     params = effective(topic)
