@@ -117,8 +117,15 @@ class LinkForm(forms.ModelForm):
     class Meta:
         model = Link
         fields = "__all__"
-        # Kept as given (the link logs in with it), never shown back.
-        widgets = {"password": forms.PasswordInput(render_value=True)}
+        # Kept as given (the link logs in with it), never shown back: left blank on a
+        # change, the one stored stays.
+        widgets = {"password": forms.PasswordInput(render_value=False)}
+
+    def clean_password(self) -> str:
+        given = self.cleaned_data.get("password", "")
+        if not given and self.instance.pk is not None:
+            return Link.objects.get(pk=self.instance.pk).password
+        return given
 
     def clean_imports(self) -> str:
         try:

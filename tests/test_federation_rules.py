@@ -287,6 +287,7 @@ def test_admin_shows_each_links_state_backlog_and_last_error(admin_client):
     link = Link.objects.get()
     change = admin_client.get(f"/admin/broker/link/{link.pk}/change/").content.decode()
     assert "Connection refused" in change and 'type="password"' in change
+    assert 'value="pw"' not in change  # the stored password is never shown back
 
 
 def test_a_publisher_cannot_forge_an_origin_or_a_route():
@@ -301,3 +302,20 @@ def test_a_publisher_cannot_forge_an_origin_or_a_route():
     stored = dict(Message.objects.get(pk=publish(req).smuid).headers)
     assert "X-Origin" not in stored and "x-route" not in stored
     assert stored["X-Other"] == "kept"
+
+
+def test_the_admin_form_keeps_the_stored_password_when_left_blank():
+    from broker.admin import LinkForm
+
+    link = Link.objects.create(name="east", host="h", account="west", password="s3cret")
+    data = {"name": "east", "host": "h2", "port": 720, "account": "west", "password": "",
+            "imports": "/news/*,  /x", "enabled": "on", "tls_ca": "", "tls_server_name": ""}
+    form = LinkForm(data=data, instance=link)
+    assert form.is_valid(), form.errors
+    form.save()
+    link.refresh_from_db()
+    assert (link.host, link.password, link.imports) == ("h2", "s3cret", "/news/*, /x")
+    bad = LinkForm(data={**data, "imports": "nope"}, instance=link)
+    assert not bad.is_valid() and "imports" in bad.errors
+    named = LinkForm(data={**data, "name": "Trash"})
+    assert not named.is_valid() and "name" in named.errors
