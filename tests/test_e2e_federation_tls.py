@@ -48,4 +48,10 @@ def test_a_link_over_smqps_checks_the_peers_certificate(tmp_path):
         untrusted = wait_for(lambda: state(b)["x"]["last_error"], 120, "link x to fail")
         assert "CERTIFICATE_VERIFY_FAILED" in untrusted or "certificate" in untrusted.lower()
         assert state(b)["x"]["state"] in ("down", "connecting")
+        # A link removed withdraws what it subscribed to on the peer.
+        peer_subs = ("SELECT count(*) FROM broker_subscription s JOIN accounts_account a ON "
+                     "a.id = s.account_id WHERE a.username = 'peer_b'")
+        assert a.sql(peer_subs) == [(1,)]
+        b.shell("from broker.models import Link\nLink.objects.filter(name='a').delete()")
+        wait_for(lambda: a.sql(peer_subs) == [(0,)], 120, "the subscription withdrawn on A")
         on_b.close()

@@ -113,6 +113,7 @@ class LinkSession:
         self._greeting: asyncio.Future[Greeting] | None = None
         self._quiet_since = 0.0
         self._logged_in = False
+        self._withdrawing = False
         # Patterns the peer refused (no right there, say), and when to ask again.
         self._refused: dict[str, float] = {}
 
@@ -198,6 +199,19 @@ class LinkSession:
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 2)
+
+    async def withdraw(self) -> None:
+        """The link was removed: UNSUBSCRIBE on the peer what it holds there, so the peer
+        stops keeping messages for it (best-effort, while the session is up)."""
+        self._withdrawing = True
+        if not self._logged_in or self._writer is None or self._writer.is_closing():
+            return
+        for pattern in sorted(self.subscribed):
+            with contextlib.suppress(Exception):
+                reply = await self._command(
+                    Unsubscribe("MESSAGE", parse_topic_pattern(pattern)))
+                if reply.code in (200, 404):
+                    self.subscribed.discard(pattern)
 
     async def stop(self) -> None:
         """Say QUIT on the way out (best-effort: the peer keeps our subscriptions anyway)."""
@@ -295,7 +309,7 @@ class LinkSession:
         cfg = self.config
         loop = asyncio.get_running_loop()
         first = True
-        while True:
+        while not self._withdrawing:
             wanted = await _db(rules.interest, cfg.name, self.imports)
             want = {p.casefold(): p for p in wanted}
             have = {p.casefold(): p for p in self.subscribed}

@@ -49,6 +49,8 @@ class Supervisor:
             if config is None or not config.same_settings(session.config) or task.done():
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     logger.error("link %s ended: %r", session.config.name, task.exception())
+                if config is None:  # removed (not merely disabled): nothing is kept there
+                    await self.sessions[link_id][0].withdraw()
                 await self._stop(link_id)
                 stopped = True
                 if config is None:
