@@ -120,6 +120,16 @@ def test_depth_zero_stays_on_a(triangle):
     [msg] = receive(on_b, 1)
     assert header(msg, "X-Origin") == f"a.test/{marker}"
     assert local < nodepth < marker
+    # Interest withdrawn: B's subscriber unsubscribes, B's link unsubscribes on A, and A
+    # keeps nothing more for B there.
+    assert on_b.command("UNSUB MESSAGE /a/news/d0").code == 200
+    held_for_b = ("SELECT count(*) FROM broker_subscription s JOIN accounts_account a ON "
+                  "a.id = s.account_id WHERE a.username = 'peer_b' AND s.pattern = '/news/d0'")
+    wait_for(lambda: a.sql(held_for_b) == [(0,)], 120, "B's link to unsubscribe on A")
+    [later] = publish(a, "/news/d0", 1, tag="later")
+    assert a.sql("SELECT count(*) FROM broker_delivery d JOIN accounts_account a ON a.id = "
+                 "d.account_id WHERE d.message_id = ? AND a.username = 'peer_b'",
+                 (later,)) == [(0,)]
     on_b.close()
 
 
