@@ -11,6 +11,7 @@ Examples::
     python -m bench qqp --db both                        # QQP items/s against SMQP publish
     python -m bench selectors --db both                  # selector subscriptions, evaluations/s
     python -m bench rest                                 # REST API against RabbitMQ HTTP
+    python -m bench federation --db both                 # forwarded msgs/s, remote latency
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import messages, qqp, rest, selectors, smqp_load, tls
+from . import federation, messages, qqp, rest, selectors, smqp_load, tls
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "qqp": qqp,
     "selectors": selectors,
     "rest": rest,  # REST publish and pull/ack against RabbitMQ's HTTP API
+    "federation": federation,
 }
 DEFAULT = "commands"
 

@@ -283,3 +283,89 @@ class QQPKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key_id} ({self.fingerprint})"
+
+
+class Link(models.Model):
+    """A federation link (profile §9.5): this server is an SMQP client of the peer, logged in
+    with the account the peer gave it. It subscribes there for what subscribers here want
+    below ``/<name>/`` and stores what the peer sends under that prefix. The supervisor
+    (``manage.py runlinks``, started by ``runbroker``) keeps one session per enabled link and
+    writes its state here."""
+
+    class State(models.TextChoices):
+        IDLE = "idle", "idle (not started)"
+        CONNECTING = "connecting", "connecting"
+        UP = "up", "up"
+        DOWN = "down", "down (retrying with backoff)"
+        DISABLED = "disabled", "disabled"
+
+    name = models.CharField(
+        max_length=64, unique=True,
+        help_text="One topic segment: what the peer sends is stored under /<name>/...")
+    host = models.CharField(max_length=255, help_text="The peer's address.")
+    port = models.PositiveIntegerField(default=720)
+    tls = models.BooleanField("SMQPS", default=False,
+                              help_text="Connect over TLS (the peer's SMQPS port).")
+    tls_ca = models.CharField(
+        "CA file", max_length=1024, blank=True,
+        help_text="PEM file of the CA that signed the peer's certificate (blank: the system's).")
+    tls_server_name = models.CharField(
+        max_length=255, blank=True, help_text="Name to check the peer's certificate against "
+        "(blank: the host).")
+    account = models.CharField(max_length=150, help_text="The account the peer gave this server.")
+    # The link logs in with it, so it is kept as given (a password hash could not log in).
+    password = models.CharField(max_length=255, blank=True)
+    imports = models.CharField(
+        max_length=1024, default="/*",
+        help_text="Comma-separated topic patterns of the peer that may be imported "
+                  "(/news/*, /stocks/ibm); /* is every topic.")
+    peer_account = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", help_text="The account the peer logs in with here (its backlog: "
+        "what this server holds for the peer).")
+    enabled = models.BooleanField(default=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IDLE,
+                             editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+    last_change = models.DateTimeField(null=True, blank=True, editable=False)
+    last_connected = models.DateTimeField(null=True, blank=True, editable=False)
+    stored = models.PositiveBigIntegerField(default=0, editable=False,
+                                            help_text="Messages received and stored here.")
+    dropped = models.PositiveBigIntegerField(
+        default=0, editable=False, help_text="Messages received and dropped (a loop, a "
+        "duplicate, Depth spent, or outside the imports).")
+    subscribed = models.TextField(blank=True, editable=False,
+                                  help_text="What the link subscribes to on the peer now.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.account}@{self.host}:{self.port})"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from broker.domain.errors import ProtocolError
+        from broker.domain.values import is_reserved_segment, validate_topic
+
+        try:
+            if "/" in self.name:
+                raise ProtocolError(400, "a slash")
+            validate_topic("/" + self.name)
+        except ProtocolError:
+            raise ValidationError({"name": "One topic segment: a letter, then letters, "
+                                           "digits or _."}) from None
+        if is_reserved_segment(self.name) or self.name.casefold() == "accounts":
+            raise ValidationError({"name": "Trash and accounts are reserved."})
+
+
+class FederatedOrigin(models.Model):
+    """An origin (``X-Origin``: ``<context>/<smuid>``) already stored here, and the message it
+    became: a second copy, by another route or sent again after a broken link, is dropped."""
+
+    origin = models.CharField(max_length=300, unique=True)
+    message = models.ForeignKey(Message, null=True, on_delete=models.SET_NULL, related_name="+",
+                                db_index=False)
+    link = models.CharField(max_length=64)
+    received = models.DateTimeField(auto_now_add=True, db_index=True)

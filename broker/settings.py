@@ -423,3 +423,9 @@ SMQP_API_PULL_THREADS = env_int("SMQP_API_PULL_THREADS", 16)
 SMQP_API_IDEMPOTENCY_HOURS = env_int("SMQP_API_IDEMPOTENCY_HOURS", 24)
 CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {
     "task": "api.purge_idempotency_keys", "schedule": 3600}
+
+# Federation links (profile §9.5): the longest wait between two attempts to reach a peer
+# (the wait doubles from a quarter second), and how often the supervisor re-reads the links.
+SMQP_LINK_BACKOFF_MAX = float(os.environ.get("SMQP_LINK_BACKOFF_MAX", "30"))
+SMQP_LINK_RELOAD_SECONDS = float(os.environ.get("SMQP_LINK_RELOAD_SECONDS", "2"))
+

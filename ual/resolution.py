@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     from accounts.models import Account
     from topics.models import Topic
 
-# Rights that make a topic visible to an account in LIST, FIND and COUNT.
-VISIBILITY_RIGHTS = (Right.SUBSCRIBE, Right.PUBLISH, Right.MANAGE)
+# Rights that make a topic visible to an account in LIST, FIND and COUNT (``remote``: what
+# a peer server may receive, profile §9.5, it must be able to name).
+VISIBILITY_RIGHTS = (Right.SUBSCRIBE, Right.PUBLISH, Right.MANAGE, Right.REMOTE)
 
 
 @dataclass(frozen=True)

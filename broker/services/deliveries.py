@@ -135,7 +135,32 @@ def stored_view(smuid: int) -> Callable[[], MessageView]:
 def may_receive(account_ids: list[int], topic: Topic | Node) -> list[int]:
     """The accounts among ``account_ids`` that may (still) subscribe to ``topic``, from the
     cached access snapshots (a deleted or disabled account may not)."""
-    return sorted({a for a in account_ids if snapshot_for_id(a).allows(topic, Right.SUBSCRIBE)})
+    found = set()
+    for a in account_ids:
+        snap = snapshot_for_id(a)
+        if snap.allows(topic, receive_right(snap.account)):
+            found.add(a)
+    return sorted(found)
+
+
+def receive_right(account) -> str:
+    """The right an account needs to receive from a topic: ``remote`` for another server
+    (profile §9.5: the accepting side decides what a peer may receive), ``subscribe`` for
+    any other account."""
+    return Right.REMOTE if account.is_remote_server else Right.SUBSCRIBE
+
+
+def is_peer(account_id: int) -> bool:
+    """Is this account another SMQP server (a federation link logs in with it)?"""
+    return snapshot_for_id(account_id).account.is_remote_server
+
+
+def forwardable(accounts: list[int], depth: int) -> list[int]:
+    """The accounts among ``accounts`` a message of this ``Depth`` goes to: every one, but
+    a message whose Depth is 0 never leaves this server (draft §2.3), so not to a peer."""
+    if depth != 0:
+        return accounts
+    return [a for a in accounts if not is_peer(a)]
 
 
 def pick_queue_consumer(accounts: list[int], smuid: int) -> int:

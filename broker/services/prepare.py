@@ -42,6 +42,11 @@ class PublishRequest:
     peer: str = ""
 
 
+#: Written by a server that stores a forwarded message (:mod:`.federation`), never taken from
+#: a publisher: a forged origin would make the real message a "duplicate" elsewhere.
+_FEDERATION_HEADERS = frozenset({"x-origin", "x-route"})
+
+
 def too_large(reason: str) -> ServiceError:
     return ServiceError(414, f"Resource too large ({reason})")
 
@@ -139,6 +144,8 @@ def _stored_headers(req: PublishRequest, now: datetime) -> list[tuple[str, str]]
     Cmuid (naming the message it answers) are kept as X-Reply-Smuid / X-Reply-Cmuid."""
     headers: list[tuple[str, str]] = []
     for name, value in req.message.headers:
+        if name.casefold() in _FEDERATION_HEADERS:
+            continue  # the federation writes them (profile §9.5); a publisher may not forge
         if name == "Smuid":
             headers.append(("X-Reply-Smuid", value))
         elif name == "Cmuid":

@@ -33,6 +33,7 @@ from . import topics as topic_service
 from .deliveries import (
     NO_PRIORITY,
     effective,
+    forwardable,
     has_selectors,
     may_receive,
     pick_queue_consumer,
@@ -51,6 +52,7 @@ __all__ = [
     "publish",
     "publish_batch",
     "publish_batch_held",
+    "publish_prepared",
     "republish",
 ]
 
@@ -111,6 +113,23 @@ def publish_batch_held(
         yield results  # type: ignore[misc]
 
 
+def publish_prepared(items: list[tuple[Topic | Node, NewMessage]], *, publisher: str,
+                     guid: str, peer: str = "") -> list[Published | ServiceError]:
+    """Store messages whose rows were made elsewhere (a federation link's: the publisher is
+    on another server, so no publish right is asked here) as one batch; queue limits apply
+    as to any publish. The caller tells the subscribers."""
+    now = timezone.now()
+    results: list[Published | ServiceError | None] = [None] * len(items)
+    requests = [PublishRequest(account_id=0, guid=guid, kind="MESSAGE", topic=topic.path,
+                               cmuid=row.cmuid, message=codec.Message([], []), peer=peer)
+                for topic, row in items]
+    prepared: list[Prepared] = [(i, topic, row) for i, (topic, row) in enumerate(items)]
+    with hot_transaction():
+        prepared = _apply_queue_limits(prepared, results)
+        _store_batch(requests, prepared, {0: publisher}, results, now)
+    return results  # type: ignore[return-value]
+
+
 def _prepare_all(requests: list[PublishRequest], results: list,
                  now: datetime) -> tuple[list[Prepared], dict[int, str]]:
     """Check every publish of a batch (refusals go into ``results``): the ones that pass,
@@ -157,16 +176,20 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
                         for topic_id, topic in topics.items()}
     # Content-based subscriptions (profile §9.2): only on topics that have some is each
     # message shown to the selectors; elsewhere every message goes to the topic's receivers.
+    # Per message too: a Depth 0 message is not for peers (federation links).
     selective = {topic_id for topic_id in topics if has_selectors(subs.get(topic_id, ()))}
     allowed_by_row: dict[int, list[int]] = {}
     for i, topic, row in prepared:
         if topic.pk in selective:
-            allowed_by_row[i] = receivers(
+            allowed = receivers(
                 subs[topic.pk], topic, now,
                 lambda row=row, topic=topic, i=i: _view(row, topic, publishers[
                     requests[i].account_id]))
-    for i, topic, row in prepared:
-        if not allowed_by_row.get(i, allowed_by_topic[topic.pk]):
+        else:
+            allowed = allowed_by_topic[topic.pk]
+        allowed_by_row[i] = forwardable(allowed, row.depth)
+    for i, _, row in prepared:
+        if not allowed_by_row[i]:
             # Nobody to wait for (or every subscriber selected it out): the timeout starts
             # now, stored with the row (no UPDATE).
             row.expires = stored.expiry(row.timeout, now)
@@ -175,7 +198,7 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
     stored.insert_messages([row for _, _, row in prepared], now, smuids, inserts)
     pairs: list[tuple[int, int]] = []
     for i, topic, row in prepared:
-        allowed = allowed_by_row.get(i, allowed_by_topic[topic.pk])
+        allowed = allowed_by_row[i]
         if topic.delivery_mode == Topic.DeliveryMode.QUEUE and allowed:
             accounts = [pick_queue_consumer(allowed, row.pk)]
         else:
@@ -254,10 +277,10 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     lock_topics([real.pk], exclusive=False)  # as a publish: see lock_topics
     subs = subscribers([real], now)().get(real.pk, [])
     first = message.sections.order_by("position").first()
-    allowed = may_receive(selected(subs, now, lambda: view_of_message(
+    allowed = forwardable(may_receive(selected(subs, now, lambda: view_of_message(
         message, topic=real.path,
         publisher=message.publisher.username if message.publisher else None,
-        content_type=first.content_type if first is not None else None)), real)
+        content_type=first.content_type if first is not None else None)), real), message.depth)
     Delivery.objects.bulk_create([Delivery(account_id=a, message=message) for a in allowed])
     Message.objects.filter(pk=message.pk).update(state=Message.State.PENDING, trashed=None,
                                                  expires=None)

@@ -23,7 +23,7 @@ from ual.resolution import AccessSnapshot, snapshot_for_id
 from . import topics as topic_service
 from . import unauthorized
 from .ack import mark_dead
-from .deliveries import NO_PRIORITY, effective
+from .deliveries import NO_PRIORITY, effective, receive_right
 from .freshness import answer_from_fresh_caches
 
 
@@ -118,7 +118,8 @@ def deliverable(account_id: int, smuid: int) -> bool:
     if topic_id is None:
         return False
     topic = topic_tree.tree().by_id.get(topic_id)
-    if topic is not None and snapshot_for_id(account_id).allows(topic, Right.SUBSCRIBE):
+    snap = snapshot_for_id(account_id)
+    if topic is not None and snap.allows(topic, receive_right(snap.account)):
         return True
     if topic is None or topic.delivery_mode != Topic.DeliveryMode.QUEUE:
         mark_dead([(account_id, smuid)], reason="subscribe right revoked")

@@ -23,8 +23,9 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, current_generation, snapshot_for_id
 
-from . import ServiceError, bad_request, not_found, notify, unauthorized
+from . import ServiceError, bad_request, federation, not_found, notify, unauthorized
 from . import topics as topic_service
+from .deliveries import is_peer, receive_right
 from .freshness import answer_from_fresh_caches
 from .selectors import (
     NO_SUCH_SUBSCRIPTION,
@@ -72,19 +73,29 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     assert pattern is not None
     if pattern.wildcard and pattern.base in ("", "/"):
         raise _too_many("cannot subscribe to every topic")
+    if resource == R.MESSAGE:
+        # Below a federation link's root, the topic may not be here before its first message.
+        federation.make_link_topic(snapshot, pattern.base)
     if pattern.wildcard:
         matched = topic_service._matching(snapshot, pattern)
     else:
         matched = [topic_service.visible_node(snapshot, pattern.base)]
     if resource == R.MESSAGE:
+        # A peer server (federation) may subscribe with the subscribe right or the remote
+        # right; what it receives is decided by the remote right alone (deliveries).
+        right = receive_right(account)
+
+        def may(t: Topic | Node) -> bool:
+            return snapshot.allows(t, Right.SUBSCRIBE) or snapshot.allows(t, right)
+
         if not pattern.wildcard:
-            if not snapshot.allows(matched[0], Right.SUBSCRIBE):
+            if not may(matched[0]):
                 raise unauthorized(f"no subscribe right on {matched[0].path}")
         else:
             base = topic_service.node(pattern.base)
-            if base is not None and not snapshot.allows(base, Right.SUBSCRIBE):
+            if base is not None and not may(base):
                 # Below the base, only topics the account may subscribe to are covered.
-                matched = [t for t in matched if snapshot.allows(t, Right.SUBSCRIBE)]
+                matched = [t for t in matched if may(t)]
                 if not matched:
                     raise unauthorized(f"no subscribe right below {pattern.base}")
         if len(matched) > settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE:
@@ -95,8 +106,10 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     if resource == R.MESSAGE:
         if created:
             _announce_counts(matched)
-        # Messages still held there that the account never got are delivered now.
-        subscribe_backlog(account.pk, matched, since, compiled)
+        # Messages still held there that the account never got are delivered now (where
+        # it may receive them: a peer, with the remote right).
+        subscribe_backlog(account.pk, [t for t in matched if snapshot.allows(t, right)], since,
+                          compiled)
     return [t.path for t in matched] or [str(pattern)]
 
 
@@ -115,18 +128,24 @@ def subscribe_backlog(account_id: int, topics: list[Topic | Node],
         by_mode[target.delivery_mode == Topic.DeliveryMode.QUEUE].add(target.pk)
     # A publish batch under way on these topics commits first, or sees this subscription.
     lock_topics(by_mode[False] | by_mode[True], exclusive=True)
+    # A peer (federation link) gets no Depth 0 message: it never leaves this server.
+    peer = is_peer(account_id)
     if selector is not None:
-        return sum(_selected_backlog(account_id, topic_ids, queue, since, now, selector)
+        return sum(_selected_backlog(account_id, topic_ids, queue, since, now, selector,
+                                     forwardable_only=peer)
                    for queue, topic_ids in by_mode.items() if topic_ids)
-    return sum(stored.add_backlog(account_id, topic_ids, queue=queue, since=since, now=now)
+    return sum(stored.add_backlog(account_id, topic_ids, queue=queue, since=since, now=now,
+                                  forwardable_only=peer)
                for queue, topic_ids in by_mode.items() if topic_ids)
 
 
 def _selected_backlog(account_id: int, topic_ids: set[int], queue: bool,
-                      since: datetime | None, now: datetime, selector: Selector) -> int:
+                      since: datetime | None, now: datetime, selector: Selector, *,
+                      forwardable_only: bool = False) -> int:
     """:func:`subscribe_backlog` for a subscription with a selector: the same messages as
     :func:`broker.store.messages.add_backlog`, read page by page and each offered to the
-    selector (in Python: the selector is not SQL)."""
+    selector (in Python: the selector is not SQL). ``forwardable_only``: a peer's, without
+    Depth 0 messages."""
     added = 0
     after = 0
     while True:
@@ -136,9 +155,10 @@ def _selected_backlog(account_id: int, topic_ids: set[int], queue: bool,
             return added
         after = page[-1][0].pk
         chosen = [message.pk for message, topic_path, publisher, content_type in page
-                  if selector.matches(view_of_message(message, topic=topic_path,
-                                                      publisher=publisher,
-                                                      content_type=content_type))]
+                  if not (forwardable_only and message.depth == 0)
+                  and selector.matches(view_of_message(message, topic=topic_path,
+                                                       publisher=publisher,
+                                                       content_type=content_type))]
         added += stored.add_deliveries_ignoring_existing(account_id, chosen, now)
 
 

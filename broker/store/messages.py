@@ -196,10 +196,11 @@ def add_deliveries_ignoring_existing(account_id: int, smuids: list[int],
 
 
 def add_backlog(account_id: int, topic_ids: set[int], *, queue: bool,
-                since: datetime | None, now: datetime) -> int:
+                since: datetime | None, now: datetime, forwardable_only: bool = False) -> int:
     """Pending deliveries to ``account_id`` of the messages held on these topics (published
     after ``since``, not expired) that it has none of yet; with ``queue``, only of messages
-    nobody holds. One INSERT ... SELECT however many; returns how many were added."""
+    nobody holds; with ``forwardable_only``, only of messages whose Depth is not 0. One
+    INSERT ... SELECT however many; returns how many were added."""
     ph = placeholder()
     deliveries, messages = Delivery._meta.db_table, Message._meta.db_table
     held_by = "" if queue else f"AND d.account_id = {ph} "
@@ -209,6 +210,8 @@ def add_backlog(account_id: int, topic_ids: set[int], *, queue: bool,
     if since is not None:
         received = f"AND m.received >= {ph} "
         params.append(db_datetime(since))
+    if forwardable_only:
+        received += "AND m.depth <> 0 "
     if not queue:
         params.append(account_id)
     with raw_cursor() as cursor:

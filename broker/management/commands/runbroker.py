@@ -79,6 +79,8 @@ class Command(BaseCommand):
                 *manage, "runqqp", "--host", opts["smqp_host"], "--port", str(opts["qqp_port"]),
             ],
         }
+        # Federation links (profile §9.5): one SMQP client session per enabled link.
+        children["links"] = [*manage, "runlinks"]
         if not opts["no_celery"]:
             children["celery-worker"] = [
                 python, "-m", "celery", "-A", "broker", "worker", "--loglevel", "INFO",

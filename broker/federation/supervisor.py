@@ -1,0 +1,81 @@
+"""The link supervisor: one :class:`~.link.LinkSession` per enabled link, started, restarted
+when its row changes, and stopped when it is disabled or removed. It re-reads the links
+every ``SMQP_LINK_RELOAD_SECONDS``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from django.conf import settings
+
+from broker.models import Link
+from broker.services import federation as rules
+from broker.store import dbthread
+
+from .link import LinkConfig, LinkSession
+
+logger = logging.getLogger("broker.federation")
+
+
+def _load() -> list[LinkConfig]:
+    return [LinkConfig.of(link) for link in Link.objects.filter(enabled=True)]
+
+
+def _disable(link_ids: list[int]) -> None:
+    for link_id in link_ids:
+        rules.record_state(link_id, Link.State.DISABLED)
+
+
+class Supervisor:
+    def __init__(self) -> None:
+        self.sessions: dict[int, tuple[LinkSession, asyncio.Task]] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                await self.reconcile()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), settings.SMQP_LINK_RELOAD_SECONDS)
+        finally:
+            await self.stop_all()
+
+    async def reconcile(self) -> None:
+        configs = {c.id: c for c in await dbthread.run(_load)}
+        gone, stopped = [], False
+        for link_id, (session, task) in list(self.sessions.items()):
+            config = configs.get(link_id)
+            if config is None or not config.same_settings(session.config) or task.done():
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    logger.error("link %s ended: %r", session.config.name, task.exception())
+                if config is None:  # removed (not merely disabled): nothing is kept there
+                    await self.sessions[link_id][0].withdraw()
+                await self._stop(link_id)
+                stopped = True
+                if config is None:
+                    gone.append(link_id)
+        if gone:
+            await dbthread.run(_disable, gone)
+        if stopped:  # what the stopped sessions left subscribed on their peers
+            configs = {c.id: c for c in await dbthread.run(_load)}
+        for link_id, config in configs.items():
+            if link_id not in self.sessions:
+                session = LinkSession(config)
+                self.sessions[link_id] = (session, asyncio.create_task(session.run()))
+                logger.info("link %s: started (%s:%s)", config.name, config.host, config.port)
+
+    async def _stop(self, link_id: int) -> None:
+        session, task = self.sessions.pop(link_id)
+        await session.stop()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+    async def stop_all(self) -> None:
+        ids = list(self.sessions)
+        for link_id in ids:
+            await self._stop(link_id)
+        if ids:
+            await dbthread.run(lambda: Link.objects.filter(pk__in=ids).update(
+                state=Link.State.IDLE))

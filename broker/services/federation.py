@@ -1,0 +1,319 @@
+"""Federation between server domains (profile §9.5, draft §2.3): the rules, once.
+
+A link is an SMQP client of its peer (the door: :mod:`broker.federation`). What it receives
+there is accepted here: stored under ``/<link-name>/<peer's path>`` with ``X-Origin`` (the
+first server's ``<context>/<smuid>``), ``X-Route`` (every server it passed, this one last)
+and ``Depth`` lowered by one; dropped when its route already names this server (a loop),
+when its origin is stored here already (a duplicate: another route, or sent again after a
+broken link), when its Depth is spent, or when it is outside the link's imports. The origin
+is recorded in the publish's own transaction, so the link's ``310 ACK`` (sent only after
+that commit) never loses a message and a copy sent again is never stored twice.
+
+The sending side's rules live with every other delivery (:mod:`.deliveries`): a peer's
+account receives only with the ``remote`` right, and never a message whose Depth is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from broker.domain import message as codec
+from broker.domain.errors import ProtocolError
+from broker.domain.values import (
+    TopicPattern,
+    format_datetime,
+    parse_bool,
+    parse_datetime,
+    parse_int,
+    parse_smuid_header,
+    parse_timeout,
+    parse_topic_pattern,
+    validate_topic,
+)
+from broker.models import Delivery, FederatedOrigin, Link, Subscription
+from broker.store.messages import NewMessage
+from topics import paths
+from topics.models import Topic
+from topics.tree import Node
+from ual.resolution import AccessSnapshot
+
+from . import ServiceError, not_found, notify
+from . import topics as topic_service
+from .deliveries import effective, receive_right
+from .prepare import too_large
+from .publish import Published, publish_prepared
+
+ORIGIN = "X-Origin"
+ROUTE = "X-Route"
+# Headers the sending server wrote for this delivery, or that this server writes anew.
+_REPLACED = frozenset({"smuid", "cmuid", "topic", "depth", "x-origin", "x-route", "receipt"})
+
+
+def own_context() -> str:
+    """This server's context (draft §2.3): what routes and origins name it by."""
+    return settings.SMQP_SERVER_CONTEXT
+
+
+# ------------------------------------------------------------------------------ imports
+
+
+def parse_imports(text: str) -> list[TopicPattern]:
+    """A link's imports (``/news/*, /stocks/ibm``); ValueError for a bad pattern."""
+    found = []
+    for part in text.replace("\n", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            found.append(parse_topic_pattern(part))
+        except ProtocolError as exc:
+            raise ValueError(f"not a topic pattern: {part!r}") from exc
+    return found
+
+
+def _covers(outer: TopicPattern, inner: TopicPattern) -> bool:
+    """Does ``outer`` name every topic ``inner`` does?"""
+    if not outer.wildcard:
+        return not inner.wildcard and paths.path_key(outer.base) == paths.path_key(inner.base)
+    if outer.base == "/":
+        return True
+    okey, ikey = paths.path_key(outer.base), paths.path_key(inner.base)
+    return ikey.startswith(okey + "/") or (inner.wildcard and ikey == okey)
+
+
+def imported(peer_path: str, imports: list[TopicPattern]) -> bool:
+    """May a message of the peer's topic ``peer_path`` be imported over this link?"""
+    topic = TopicPattern(peer_path, False)
+    return any(_covers(imp, topic) for imp in imports)
+
+
+# ----------------------------------------------------------------------------- interest
+
+
+def interest(link_name: str, imports: list[TopicPattern]) -> list[str]:
+    """What the link must subscribe to on the peer: the MESSAGE subscriptions here below
+    ``/<link-name>/`` (of any account, a peer's link included: interest travels on), with
+    the prefix taken off, narrowed to the link's imports. ``/<link-name>/*`` wants all of
+    them."""
+    prefix = "/" + link_name
+    rows = (Subscription.objects.filter(resource=Subscription.Resource.MESSAGE,
+                                        pattern_key__startswith=prefix.casefold() + "/")
+            .values_list("pattern", flat=True).distinct())
+    wanted: dict[str, TopicPattern] = {}
+    for pattern in rows:
+        try:
+            local = parse_topic_pattern(pattern)
+        except ProtocolError:
+            continue
+        rest = local.base[len(prefix):]
+        if not rest:
+            narrowed = list(imports) if local.wildcard else []
+        else:
+            peer = TopicPattern(rest, local.wildcard)
+            narrowed = []
+            for imp in imports:
+                if _covers(imp, peer):
+                    narrowed.append(peer)
+                elif _covers(peer, imp):
+                    narrowed.append(imp)
+        for p in narrowed:
+            wanted.setdefault(str(p).casefold(), p)
+    # One subscription per subtree: what another one covers is left out.
+    found = list(wanted.values())
+    kept = [p for p in found
+            if not any(q is not p and _covers(q, p) for q in found)]
+    return sorted((str(p) for p in kept), key=str.casefold)
+
+
+# ----------------------------------------------------------------------------- accepting
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What became of one forwarded message: its smuid here, or why it was dropped."""
+
+    origin: str
+    smuid: int | None = None
+    dropped: str | None = None
+
+
+def accept_forwarded(link_name: str, imports: list[TopicPattern], peer_topic: str,
+                     message: codec.Message, peer: str = "") -> Accepted:
+    """Store (or drop) one message the link received on the peer's topic ``peer_topic``,
+    its header as the peer sent it (``Smuid: <peer-context>/<n>``, ``Cmuid``, ...). Once
+    this returns, the link may ACK it. Raises ServiceError when it can be neither stored
+    nor dropped (a limit of the topic here): the link does not ACK it then, and the peer
+    sends it again after its retry timeout."""
+    smuid_hdr = (message.get("Smuid") or "").strip()
+    try:
+        peer_context, _ = parse_smuid_header(smuid_hdr)
+        depth = parse_int(message.get("Depth") or "0", minimum=-1)
+        validate_topic(peer_topic)
+    except ProtocolError as exc:
+        # It would be as malformed when sent again: dropped (and ACKed), and said.
+        return Accepted(smuid_hdr[:300], dropped=f"malformed ({exc.text})")
+    origin = (message.get(ORIGIN) or smuid_hdr).strip()[:300]
+    route = [r.strip() for r in (message.get(ROUTE) or peer_context).split(",") if r.strip()]
+    me = own_context()
+    if me.casefold() in {r.casefold() for r in route}:
+        return Accepted(origin, dropped="loop")
+    if depth == 0:
+        return Accepted(origin, dropped="depth")
+    if not imported(peer_topic, imports):
+        return Accepted(origin, dropped="not imported")
+    headers = [(k, v) for k, v in message.headers if k.casefold() not in _REPLACED]
+    if message.get("Created") is None:
+        headers.insert(0, ("Created", format_datetime(timezone.now())))
+    headers += [("Depth", str(depth - 1 if depth > 0 else -1)), (ORIGIN, origin),
+                (ROUTE, ",".join([*route, me]))]
+    stored = codec.Message(headers, message.sections)
+    try:
+        with transaction.atomic():
+            if FederatedOrigin.objects.filter(origin=origin).exists():
+                return Accepted(origin, dropped="duplicate")
+            topic = _ensure_topic(f"/{link_name}{peer_topic}")
+            row = _row(topic, stored, link_name, message.get("Cmuid") or "")
+            [result] = publish_prepared([(topic, row)], publisher="system", guid=link_name,
+                                        peer=peer)
+            if isinstance(result, ServiceError):
+                raise result
+            FederatedOrigin.objects.create(origin=origin, message_id=result.smuid,
+                                           link=link_name)
+            notify.messages_committed_on_commit([result])
+    except (ProtocolError, ValueError) as exc:  # a header value that does not parse
+        return Accepted(origin, dropped=f"malformed ({getattr(exc, 'text', exc)})")
+    except IntegrityError:
+        # The same origin stored meanwhile by another link (another route): this copy is
+        # the second one.
+        if FederatedOrigin.objects.filter(origin=origin).exists():
+            return Accepted(origin, dropped="duplicate")
+        raise
+    return Accepted(origin, smuid=result.smuid)
+
+
+def _ensure_topic(path: str) -> Topic | Node:
+    """The topic at ``path``, with every missing topic on the way made (the link's subtree
+    mirrors the peer's topics as their messages arrive)."""
+    known = topic_service.node(path)  # the in-memory tree: no query for a known topic
+    if known is not None and known.state == Topic.State.ACTIVE and not known.is_virtual:
+        return known
+    paths.check_creatable(path)
+    parent: Topic | None = None
+    segs = paths.segments(path)
+    for i in range(1, len(segs) + 1):
+        sub = "/" + "/".join(segs[:i])
+        found = topic_service.find(sub)
+        if found is None:
+            try:
+                with transaction.atomic():
+                    found = Topic.objects.create(path=sub, parent=parent)
+                topic_service._notify_topic(found, "ADDED")
+            except IntegrityError:  # made concurrently by another link
+                found = topic_service.find(sub)
+        if found is None or found.state != Topic.State.ACTIVE:
+            raise not_found(f"topic {sub}")
+        if found.is_virtual:
+            found = found.resolved()
+        parent = found
+    assert parent is not None
+    return parent
+
+
+def _row(topic: Topic | Node, msg: codec.Message, link_name: str, cmuid: str) -> NewMessage:
+    """The row of a forwarded message (as :func:`.prepare.prepare` makes a publish's, without
+    the publisher's rights: the peer's are checked where it logged in)."""
+    params = effective(topic)
+    size = sum(len(s.body) for s in msg.sections)
+    limit = params["max_message_size"]
+    if limit is not None and size > limit:
+        raise too_large(f"message of {size} bytes; {topic.path} takes at most {limit}")
+    timeout_hdr = msg.get("Timeout")
+    priority, sequence = msg.get("Priority"), msg.get("Sequence")
+    created = msg.get("Created")
+    return NewMessage(
+        topic_id=topic.pk, publisher_id=None, publisher_guid=link_name, cmuid=cmuid[:200],
+        name=(msg.get("Name") or "")[:128],
+        priority=parse_int(priority, minimum=1) if priority else None,
+        created=parse_datetime(created) if created else timezone.now(),
+        timeout=parse_timeout(timeout_hdr) if timeout_hdr else params["expiry_timeout"],
+        depth=parse_int(msg.get("Depth") or "0", minimum=-1),
+        sequence=parse_int(sequence, minimum=1) if sequence else None,
+        # A receipt goes to the publisher's account topic, which is on the first server.
+        receipt=False,
+        reply=parse_bool(msg.get("Reply") or "NO"),
+        in_reply_to_id=None, headers=list(msg.headers), size=size, sections=msg.sections)
+
+
+# ----------------------------------------------------------------------- the link's state
+
+
+def prepare_link_topics(link_name: str, imports: list[TopicPattern]) -> None:
+    """Make ``/<link-name>`` and the base of each import below it, so that subscribers
+    here can subscribe (``/<link-name>/news/*``) before the first message arrives."""
+    with transaction.atomic():
+        _ensure_topic(f"/{link_name}")
+        for imp in imports:
+            if imp.base not in ("", "/"):
+                _ensure_topic(f"/{link_name}{imp.base}")
+
+
+def make_link_topic(snapshot: AccessSnapshot, path: str) -> None:
+    """SUBSCRIBE below a link's root (``/east/news/x``) to a topic that is not here yet:
+    it is made, with the missing topics above it, when the account may receive from the
+    nearest one that is. A link's subtree mirrors the peer's on demand: what is subscribed
+    to here is what the link subscribes to there (and a peer's account here, subscribing
+    for its own subscribers, makes them the same way)."""
+    if topic_service.node(path) is not None:
+        return
+    segs = paths.segments(path)
+    if len(segs) < 2 or not Link.objects.filter(name__iexact=segs[0]).exists():
+        return
+    try:
+        paths.check_creatable(path)
+    except paths.InvalidTopicPath:
+        return
+    for i in range(len(segs) - 1, 0, -1):
+        found = topic_service.node("/" + "/".join(segs[:i]))
+        if found is not None:
+            if (found.state == Topic.State.ACTIVE and not found.is_virtual
+                    and snapshot.allows(found, receive_right(snapshot.account))):
+                _ensure_topic(path)
+            return
+
+
+def record_state(link_id: int, state: str, error: str | None = None) -> None:
+    """The supervisor's view of a link, for the admin: its state and last error."""
+    now = timezone.now()
+    fields: dict = {"state": state, "last_change": now}
+    if error is not None:
+        fields["last_error"] = error[:2000]
+    if state == Link.State.UP:
+        fields["last_connected"] = now
+    Link.objects.filter(pk=link_id).update(**fields)
+
+
+def record_counts(link_id: int, stored: int, dropped: int, subscribed: list[str]) -> None:
+    Link.objects.filter(pk=link_id).update(stored=F("stored") + stored,
+                                           dropped=F("dropped") + dropped,
+                                           subscribed="\n".join(subscribed))
+
+
+def backlog(link: Link) -> int | None:
+    """What this server holds for the peer (its account here): messages not yet counted as
+    forwarded, because the peer has not stored and ACKed them. None without a peer
+    account."""
+    if link.peer_account_id is None:
+        return None
+    return Delivery.objects.filter(
+        account_id=link.peer_account_id, message__state="pending",
+        state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED]).count()
+
+
+__all__ = ["Accepted", "Published", "accept_forwarded", "backlog", "imported", "interest",
+           "make_link_topic", "own_context", "parse_imports", "prepare_link_topics",
+           "record_counts", "record_state"]
