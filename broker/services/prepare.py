@@ -40,6 +40,7 @@ class PublishRequest:
     cmuid: str
     message: codec.Message
     peer: str = ""
+    door: str = "smqp"  # which door took it, for the usage reports ("smqp", "qqp")
 
 
 def too_large(reason: str) -> ServiceError:

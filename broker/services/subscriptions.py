@@ -22,7 +22,7 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, not_found, notify, unauthorized
+from . import ServiceError, events, not_found, notify, unauthorized
 from . import topics as topic_service
 from .freshness import answer_from_fresh_caches
 
@@ -77,6 +77,8 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     created = _store(account.pk, resource, str(pattern), since)
     if resource == R.MESSAGE:
         if created:
+            # For the usage reports' subscribers peak (MESSAGE subscriptions open at once).
+            events.record("subscribe", account=account.username, topic=str(pattern)[:1024])
             _announce_counts(matched)
         # Messages still held there that the account never got are delivered now.
         subscribe_backlog(account.pk, matched, since)
@@ -150,6 +152,9 @@ def unsubscribe(snapshot: AccessSnapshot, resource: str,
     message_topics: dict[int, Topic] = {}
     for sub in removed:
         if sub.resource == R.MESSAGE:
+            # "created": the reports count the subscriptions open when their day began.
+            events.record("unsubscribe", account=snapshot.account.username,
+                          topic=sub.pattern[:1024], created=sub.created.isoformat())
             patt = TopicPattern(sub.pattern[:-2], True) if sub.is_wildcard else \
                 TopicPattern(sub.pattern, False)
             try:
