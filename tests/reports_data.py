@@ -216,3 +216,43 @@ def expected(events: list[Event], day: date, names: dict[int, str],
 
 def usage_key(row: dict[str, Any]) -> tuple:
     return (row["dim"], row["key"], -1 if row["hour"] is None else row["hour"])
+
+
+# --- for test servers: ``manage.py shell -c`` runs these against the server's database ------
+
+
+def seed_database(day: date, publishes: int = 300, seed: int = 25) -> None:
+    """The accounts and the generated events of ``day``."""
+    from accounts.models import Account
+
+    ids = {n: Account.objects.get_or_create(username=n)[0].pk for n in ACCOUNTS}
+    insert(generate(day, publishes, seed, ids))
+
+
+def check_report(day: date, publishes: int = 300, seed: int = 25) -> list[str]:
+    """What differs between the stored report of ``day`` and the Python computation of the
+    events :func:`seed_database` wrote (empty: the same)."""
+    from accounts.models import Account
+    from spark_jobs.models import UsageReport
+
+    ids = {n: Account.objects.get(username=n).pk for n in ACCOUNTS}
+    want = expected(generate(day, publishes, seed, ids), day, {v: k for k, v in ids.items()})
+    report = UsageReport.objects.filter(day=day).first()
+    if report is None or report.state != "done":
+        return [f"no done report for {day}: {report and report.state}"]
+    problems = []
+    got = sorted(({"dim": r.dim, "key": r.key, "hour": r.hour,
+                   **{m: getattr(r, m) for m in METRICS}} for r in report.usage.all()),
+                 key=usage_key)
+    if got != want["usage"]:
+        problems.append(f"usage rows differ ({len(got)} stored, {len(want['usage'])} wanted)")
+    if not got:
+        problems.append("no usage rows")
+    if report.events != want["events"]:
+        problems.append(f"events {report.events} != {want['events']}")
+    if report.sessions_hourly != want["sessions"]["hours"]:
+        problems.append("sessions peaks differ")
+    counts = {r.topic: r.count for r in report.latency.all()}
+    if counts != {t: len(v) for t, v in want["latency"].items()}:
+        problems.append("latency counts differ")
+    return problems

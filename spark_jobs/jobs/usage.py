@@ -20,6 +20,7 @@ returned for percentile p is a latency of the data whose rank is within ``n / AC
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -39,6 +40,7 @@ def session(master: str = "local[*]", app: str = "smqp-usage-report",
             shuffle_partitions: int = 8, driver_memory: str | None = None) -> SparkSession:
     """A Spark session for the reports: UTC (hours are UTC hours), no web UI, few shuffle
     partitions (the aggregated data is small; 200 would cost more than the work)."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per gateway call otherwise
     builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC")
