@@ -66,7 +66,8 @@ class _SparkProgress(threading.Thread):
 
     def __init__(self, spark: Any, progress: Progress, every: float = 3.0) -> None:
         super().__init__(daemon=True)
-        self.tracker, self.progress, self.every = spark.sparkContext.statusTracker(), progress, every
+        self.tracker = spark.sparkContext.statusTracker()
+        self.progress, self.every = progress, every
         self.done = threading.Event()
 
     def run(self) -> None:

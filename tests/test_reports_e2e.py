@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import ROOT, fresh_database, run_manage, stop_process
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # Spark runs
 
 RUN_DAY = date(2026, 2, 2)
 BEAT_DAY = date(2026, 2, 10)  # far from RUN_DAY: their generated events do not mix
