@@ -183,3 +183,25 @@ def test_job_code_imports_no_django() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
+
+
+@pytest.mark.django_db
+def test_csv_export_keeps_formulas_as_text_and_refuses_unknown_tables(admin_client) -> None:
+    report = UsageReport.objects.create(day=date(2025, 7, 1), state="done")
+    UsageRow.objects.create(report=report, dim="account", key="=HYPERLINK(\"x\")", hour=None,
+                            published=3)
+    UsageRow.objects.create(report=report, dim="total", key="", hour=None, published=3)
+    page = admin_client.get(f"/admin/spark_jobs/usagereport/{report.pk}/change/")
+    assert page.status_code == 200 and b"Usage report 2025-07-01" in page.content
+    assert b"<svg" in page.content and b"=HYPERLINK(&quot;x&quot;)" in page.content
+    reply = admin_client.get(f"/admin/spark_jobs/usagereport/{report.pk}/csv/accounts/")
+    assert reply.status_code == 200 and reply["Content-Type"].startswith("text/csv")
+    lines = reply.content.decode().splitlines()
+    assert lines[0].startswith("account,published")
+    assert lines[1].startswith("\"'=HYPERLINK(\"\"x\"\")\",3,")
+    assert admin_client.get(
+        f"/admin/spark_jobs/usagereport/{report.pk}/csv/nope/").status_code == 404
+    assert admin_client.get("/admin/spark_jobs/usagereport/99999/csv/accounts/").status_code \
+        == 404
+    trend = admin_client.get("/admin/spark_jobs/usagereport/trend.csv")
+    assert trend.status_code == 200 and "2025-07-01,3," in trend.content.decode()
