@@ -12,6 +12,7 @@ Examples::
     python -m bench selectors --db both                  # selector subscriptions, evaluations/s
     python -m bench rest                                 # REST API against RabbitMQ HTTP
     python -m bench federation --db both                 # forwarded msgs/s, remote latency
+    python -m bench reports --events 1000000             # usage report export + PySpark job
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import federation, messages, qqp, rest, selectors, smqp_load, tls
+from . import federation, messages, qqp, reports, rest, selectors, smqp_load, tls
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "selectors": selectors,
     "rest": rest,  # REST publish and pull/ack against RabbitMQ's HTTP API
     "federation": federation,
+    "reports": reports,
 }
 DEFAULT = "commands"
 

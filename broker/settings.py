@@ -429,3 +429,19 @@ CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {
 SMQP_LINK_BACKOFF_MAX = float(os.environ.get("SMQP_LINK_BACKOFF_MAX", "30"))
 SMQP_LINK_RELOAD_SECONDS = float(os.environ.get("SMQP_LINK_RELOAD_SECONDS", "2"))
 
+
+# --- Usage reports (issue 25: spark_jobs) ------------------------------------------------------
+# The nightly report's schedule is a django-celery-beat PeriodicTask, editable in the admin:
+# beat reads its schedule from the database (SMQP_BEAT_SCHEDULER=celery.beat:PersistentScheduler
+# keeps Celery's file one, without the nightly report).
+INSTALLED_APPS += ["django_celery_beat"]
+CELERY_BEAT_SCHEDULER = os.environ.get(
+    "SMQP_BEAT_SCHEDULER", "django_celery_beat.schedulers:DatabaseScheduler")
+# Where the report job runs: local[*] (this machine's cores) or a cluster, e.g.
+# spark://host:7077; the driver's memory (e.g. "4g"; empty: Spark's default).
+SPARK_MASTER = os.environ.get("SPARK_MASTER", "local[*]")
+SPARK_DRIVER_MEMORY = os.environ.get("SPARK_DRIVER_MEMORY", "")
+# A day's events are exported here (Parquet) while its report runs, then removed.
+SMQP_REPORTS_DIR = os.environ.get("SMQP_REPORTS_DIR", str(VAR_DIR / "reports"))
+# Raw usage events are deleted this many days after their day, once that day is reported.
+SMQP_USAGE_RETENTION_DAYS = env_int("SMQP_USAGE_RETENTION_DAYS", 30)

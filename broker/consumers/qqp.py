@@ -207,7 +207,7 @@ class QQPConsumer:
                                         item.canonical_data)])
         request = publish.PublishRequest(
             account_id=account_id, guid="", kind="MESSAGE", topic=item.action[len("smqp:"):],
-            cmuid=rid, message=message, peer=self.peer)
+            cmuid=rid, message=message, peer=self.peer, door="qqp")
         try:
             published = await get_dispatcher().publish(request)
         except Exception as exc:

@@ -40,6 +40,7 @@ class PublishRequest:
     cmuid: str
     message: codec.Message
     peer: str = ""
+    door: str = "smqp"  # which door took it, for the usage reports ("smqp", "qqp")
 
 
 #: Written by a server that stores a forwarded message (:mod:`.federation`), never taken from

@@ -211,8 +211,10 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
             priority=row.priority or NO_PRIORITY, accounts=accounts,
             payload=(topic.path, cmuid_hdr, codec.Message(list(row.headers), row.sections)))
     stored.insert_deliveries(pairs, now, inserts)
+    # detail: the door, and how many deliveries the publish made ("to"), for the reports.
     stored.log_events([(UsageEvent.Kind.PUBLISH, publishers[requests[i].account_id],
-                        topic.path, row.pk, row.size, requests[i].peer, {})
+                        topic.path, row.pk, row.size, requests[i].peer,
+                        {"door": requests[i].door, "to": len(results[i].accounts)})
                        for i, topic, row in prepared], now, inserts)
     inserts.run()
 

@@ -23,7 +23,7 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, current_generation, snapshot_for_id
 
-from . import ServiceError, bad_request, federation, not_found, notify, unauthorized
+from . import ServiceError, bad_request, events, federation, not_found, notify, unauthorized
 from . import topics as topic_service
 from .deliveries import is_peer, receive_right
 from .freshness import answer_from_fresh_caches
@@ -105,6 +105,8 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
     created = _store(account.pk, resource, str(pattern), since, compiled, lease_end)
     if resource == R.MESSAGE:
         if created:
+            # For the usage reports' subscribers peak (MESSAGE subscriptions open at once).
+            events.record("subscribe", account=account.username, topic=str(pattern)[:1024])
             _announce_counts(matched)
         # Messages still held there that the account never got are delivered now (where
         # it may receive them: a peer, with the remote right).
@@ -250,6 +252,9 @@ def _announce_removed(snapshot: AccessSnapshot, removed: list[Subscription]) -> 
     message_topics: dict[int, Topic] = {}
     for sub in removed:
         if sub.resource == R.MESSAGE:
+            # "created": the reports count the subscriptions open when their day began.
+            events.record("unsubscribe", account=snapshot.account.username,
+                          topic=sub.pattern[:1024], created=sub.created.isoformat())
             patt = TopicPattern(sub.pattern[:-2], True) if sub.is_wildcard else \
                 TopicPattern(sub.pattern, False)
             try:

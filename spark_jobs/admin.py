@@ -1,0 +1,188 @@
+"""The usage reports in the admin: the list (with the 30-day trend above it), a report page with
+charts and tables, every table downloadable as CSV. Reports are made by the job, never edited
+here; the nightly schedule is django-celery-beat's "Periodic tasks" entry."""
+
+from __future__ import annotations
+
+import csv
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from . import charts
+from .models import UsageReport, UsageRow
+
+METRICS = ("published", "delivered", "acked", "expired", "dead", "republished", "bytes_in",
+           "bytes_out")
+METRIC_HEADERS = ["published", "delivered", "ACKed", "expired", "dead", "republished",
+                  "bytes in", "bytes out"]
+TREND_DAYS = 30
+
+
+def _usage_table(report: UsageReport, dim: str, title: str, key: str) -> dict[str, Any]:
+    rows = (UsageRow.objects.filter(report=report, dim=dim, hour__isnull=True)
+            .order_by("-published", "key"))
+    return {"title": title, "headers": [key, *METRIC_HEADERS],
+            "rows": [[r.key, *(getattr(r, m) for m in METRICS)] for r in rows]}
+
+
+def report_tables(report: UsageReport) -> dict[str, dict[str, Any]]:
+    """Every table of the report page, by the name its CSV link uses."""
+    hourly = {r.hour: r for r in UsageRow.objects.filter(report=report, dim="total",
+                                                         hour__isnull=False)}
+    sessions = report.sessions_hourly or [0] * 24
+    subscribers = report.subscribers_hourly or [0] * 24
+    tables = {
+        "hourly": {"title": "Per hour (UTC)",
+                   "headers": ["hour", *METRIC_HEADERS, "sessions peak", "subscribers peak"],
+                   "rows": [[f"{h:02d}:00", *(getattr(hourly[h], m) if h in hourly else 0
+                                              for m in METRICS), sessions[h], subscribers[h]]
+                            for h in range(24)]},
+        "doors": _usage_table(report, "door", "Per door", "door"),
+        "top-topics": {"title": "Top 10 topics (messages published)",
+                       "headers": ["rank", "topic", "published"],
+                       "rows": [[t.rank, t.key, t.value] for t in report.top.filter(
+                           what="topic")]},
+        "top-accounts": {"title": "Top 10 accounts (messages published + ACKed)",
+                         "headers": ["rank", "account", "published + ACKed"],
+                         "rows": [[t.rank, t.key, t.value] for t in report.top.filter(
+                             what="account")]},
+        "latency": {"title": "publish→ACK latency per topic (ms; all topics: \"*\")",
+                    "headers": ["topic", "ACKs", "p50", "p95", "p99", "max"],
+                    "rows": [[r.topic or "*", r.count, round(r.p50_ms, 1), round(r.p95_ms, 1),
+                              round(r.p99_ms, 1), round(r.max_ms, 1)]
+                             for r in report.latency.order_by("topic")]},
+        "dead-letters": {"title": "Dead letters by reason",
+                         "headers": ["reason", "topic", "count"],
+                         "rows": [[d.reason, d.topic, d.count]
+                                  for d in report.dead_letters.all()]},
+        "subtrees": _usage_table(report, "subtree", "Per topic subtree", "subtree"),
+        "topics": _usage_table(report, "topic", "Per topic", "topic"),
+        "accounts": _usage_table(report, "account", "Per account", "account"),
+    }
+    return tables
+
+
+def trend_table(until: UsageReport | None = None) -> dict[str, Any]:
+    """Daily totals of the last TREND_DAYS reported days (up to ``until``'s day)."""
+    reports = UsageReport.objects.filter(state=UsageReport.State.DONE)
+    if until is not None:
+        reports = reports.filter(day__lte=until.day, day__gt=until.day - timedelta(TREND_DAYS))
+    days = list(reports.order_by("-day")[:TREND_DAYS])[::-1]
+    totals = {r["report_id"]: r for r in UsageRow.objects.filter(
+        report__in=days, dim="total", hour__isnull=True).values("report_id", *METRICS)}
+    rows = []
+    for report in days:
+        t = totals.get(report.pk, {})
+        rows.append([report.day.isoformat(), *(t.get(m, 0) for m in METRICS),
+                     report.sessions_peak, report.subscribers_peak])
+    return {"title": f"Trend over the last {TREND_DAYS} reported days",
+            "headers": ["day", *METRIC_HEADERS, "sessions peak", "subscribers peak"],
+            "rows": rows}
+
+
+def _csv(name: str, table: dict[str, Any]) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(table["headers"])
+    for row in table["rows"]:
+        # A cell a spreadsheet would run as a formula (=, +, -, @) is kept as text.
+        writer.writerow([f"'{c}" if isinstance(c, str) and c[:1] in "=+-@" else c
+                         for c in row])
+    return response
+
+
+def _trend_chart(trend: dict[str, Any]):
+    labels = [r[0][5:] for r in trend["rows"]]
+    return charts.lines(labels, {"published": [r[1] for r in trend["rows"]],
+                                 "ACKed": [r[3] for r in trend["rows"]],
+                                 "dead": [r[5] for r in trend["rows"]]},
+                        every=max(1, len(labels) // 10))
+
+
+@admin.register(UsageReport)
+class UsageReportAdmin(admin.ModelAdmin):
+    list_display = ("day", "state", "events", "sessions_peak", "subscribers_peak", "export",
+                    "job", "trigger", "purged")
+    list_filter = ("state",)
+    date_hierarchy = "day"
+    change_form_template = "admin/spark_jobs/usagereport/report.html"
+    change_list_template = "admin/spark_jobs/usagereport/change_list.html"
+
+    @admin.display(description="export (s)", ordering="export_seconds")
+    def export(self, report: UsageReport) -> str:
+        return "" if report.export_seconds is None else f"{report.export_seconds:.1f}"
+
+    @admin.display(description="job (s)", ordering="job_seconds")
+    def job(self, report: UsageReport) -> str:
+        return "" if report.job_seconds is None else f"{report.job_seconds:.1f}"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # reports are made by the job (manage.py runreport, Celery beat)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # viewing only
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("<int:pk>/csv/<slug:table>/", view(self.csv_view),
+                 name="spark_jobs_usagereport_csv"),
+            path("trend.csv", view(self.trend_csv_view),
+                 name="spark_jobs_usagereport_trend_csv"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        trend = trend_table()
+        extra = {"trend": trend, "trend_chart": _trend_chart(trend) if trend["rows"] else None,
+                 **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict | None = None):
+        report = self.get_object(request, object_id)
+        if report is None or not self.has_view_permission(request, report):
+            raise Http404("no such report")
+        tables = report_tables(report)
+        hourly = tables["hourly"]["rows"]
+        hours = [r[0][:2] for r in hourly]
+        trend = trend_table(report)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta, "original": report, "report": report,
+            "title": f"Usage report {report.day}",
+            "tables": [(name, t, reverse("admin:spark_jobs_usagereport_csv",
+                                         args=[report.pk, name]))
+                       for name, t in tables.items()],
+            "hourly_chart": charts.bars(hours, {"published": [r[1] for r in hourly],
+                                                "delivered": [r[2] for r in hourly],
+                                                "ACKed": [r[3] for r in hourly]}, every=2),
+            "peaks_chart": charts.lines(hours, {"sessions": [r[9] for r in hourly],
+                                                "subscribers": [r[10] for r in hourly]},
+                                        every=2),
+            "trend": trend, "trend_chart": _trend_chart(trend) if trend["rows"] else None,
+            "trend_csv": reverse("admin:spark_jobs_usagereport_csv", args=[report.pk, "trend"]),
+        }
+        return TemplateResponse(request, self.change_form_template, context)
+
+    def csv_view(self, request: HttpRequest, pk: int, table: str) -> HttpResponse:
+        report = UsageReport.objects.filter(pk=pk).first()
+        if report is None or not self.has_view_permission(request, report):
+            raise Http404("no such report")
+        if table == "trend":
+            return _csv(f"usage-trend-{report.day}", trend_table(report))
+        tables = report_tables(report)
+        if table not in tables:
+            raise Http404("no such table")
+        return _csv(f"usage-{report.day}-{table}", tables[table])
+
+    def trend_csv_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise Http404("no such report")
+        return _csv("usage-trend", trend_table())
