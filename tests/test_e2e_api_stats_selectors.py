@@ -37,7 +37,7 @@ from ual.models import UALEntry
 from ual.resolution import AccessSnapshot
 from topics.models import Topic
 snap = AccessSnapshot(Account.objects.get(username='root'))
-for p in ['/st', '/st/a', '/sel', '/sel/mix', '/sel/lease', '/sel/err']:
+for p in ['/st', '/st/a', '/sel', '/sel/mix', '/sel/lease', '/sel/err', '/sel/two']:
     ts.create_topic(snap, p)
 for name in ['bob', 'alice']:
     UALEntry.objects.create(topic=Topic.objects.get(path='/st'), principal_kind='account',
@@ -250,6 +250,26 @@ def test_selector_pulls_get_exactly_the_matching_messages_of_a_mixed_smqp_stream
         assert [s["id"] for s in listed if s["pattern"] == "/sel/mix"] == [a["id"]]
         for sub, client in ((a, alice), (b, bob)):
             assert client.delete(f"subscriptions/{sub['id']}").status_code == 204
+
+
+def test_a_pull_of_a_selector_subscription_skips_what_another_one_of_the_account_took(stack):
+    """Deliveries are the account's: with two subscriptions on one topic, one with a
+    selector and one without, the selector's pull hands out only what it selects."""
+    selector = {"class": "LDAP", "text": "(x-kind=stock)"}
+    with stack.client("alice") as alice, stack.session() as pub:
+        picky = subscribe(alice, "/sel/two", selector=selector)
+        every = subscribe(alice, "/sel/two")
+        kinds = {smuid_of(pub.publish("/sel/two", f"t{i}", [("X-Kind", KINDS[i % 2])])):
+                 KINDS[i % 2] for i in range(8)}
+        stocks = sorted(m for m, k in kinds.items() if k == "stock")
+        got = pull_all(alice, picky["id"], len(stocks))
+        assert sorted(m["smuid"] for m in got) == stocks
+        rest = pull_all(alice, every["id"], len(kinds) - len(stocks))
+        assert sorted(m["smuid"] for m in rest) == sorted(set(kinds) - set(stocks))
+        for m in got + rest:
+            assert alice.post(f"receipts/{m['receipt']}/ack").status_code == 204
+        for sub in (picky, every):
+            assert alice.delete(f"subscriptions/{sub['id']}").status_code == 204
 
 
 @pytest.mark.parametrize(("selector", "line"), [
