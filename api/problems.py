@@ -38,7 +38,10 @@ def problem(http_status: int, detail: str, smqp_code: int, **extra) -> Response:
 
 
 def from_service(exc: ServiceError | ProtocolError) -> Response:
-    return problem(HTTP_STATUS.get(exc.code, 400), exc.text, exc.code)
+    # A selector refusal (567) says where in its text: as a field too, for programs.
+    column = getattr(exc, "column", None)
+    extra = {"column": column} if isinstance(column, int) else {}
+    return problem(HTTP_STATUS.get(exc.code, 400), exc.text, exc.code, **extra)
 
 
 def handler(exc: Exception, context: dict) -> Response | None:

@@ -34,6 +34,8 @@ class ProblemSerializer(serializers.Serializer):
     detail = serializers.CharField()
     smqp_code = serializers.IntegerField(help_text="The SMQP reply code of the same refusal.")
     errors = serializers.JSONField(required=False, help_text="Per-field errors.")
+    column = serializers.IntegerField(
+        required=False, help_text="An incorrect selector (smqp_code 567): where, 1-based.")
 
 
 # ------------------------------------------------------------------------------- tokens
@@ -219,12 +221,41 @@ class MessageQuerySerializer(serializers.Serializer):
 # -------------------------------------------------------------------- subscriptions, pull
 
 
+class SelectorSerializer(serializers.Serializer):
+    """A message selector as a JSON object, ``{"class": "JMS", "text": "Priority > 3"}``:
+    the profile's ``SELECTOR <class> <text>`` without a wire syntax to split. The class and
+    text are checked by the same compiler as SMQP's (566 / 567 as problem details)."""
+
+    text = serializers.CharField(max_length=65536, trim_whitespace=False,
+                                 help_text="JMS 1.1 selector or RFC 4515 filter text.")
+
+    def get_fields(self) -> dict:
+        # "class" is a Python keyword, so it cannot be declared as an attribute.
+        return {"class": serializers.CharField(
+            max_length=64, help_text="JMS, RFC-2254 or LDAP (case-insensitive)."),
+            **super().get_fields()}
+
+    def validate_text(self, value: str) -> str:
+        # A stored selector goes out again in SMQP lines (NOTIFY SUBSCRIPTION), and no
+        # database takes NUL: no control characters but tab.
+        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", value):
+            raise serializers.ValidationError("No control characters (tab is allowed).")
+        return value
+
+
 class SubscriptionCreateSerializer(serializers.Serializer):
     resource = serializers.ChoiceField(choices=["MESSAGE", "TOPIC", "SUBSCRIBERS", "SERVER"],
                                        default="MESSAGE")
     pattern = serializers.CharField(max_length=1024, required=False,
                                     help_text="/a/b, or /a/* for every topic below /a.")
     since = serializers.DateTimeField(required=False, allow_null=True)
+    selector = SelectorSerializer(
+        required=False, allow_null=True,
+        help_text="MESSAGE only: only messages the selector is TRUE for (profile §9.2).")
+    lease_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=2**31 - 1,
+        help_text="MESSAGE only: the subscription ends this many seconds from now "
+                  "(subscribing again with the same pattern and selector renews it).")
 
 
 class SubscriptionSerializer(serializers.Serializer):
@@ -233,6 +264,9 @@ class SubscriptionSerializer(serializers.Serializer):
     pattern = serializers.CharField()
     since = serializers.DateTimeField(allow_null=True)
     created = serializers.DateTimeField()
+    selector = SelectorSerializer(allow_null=True)
+    lease_end = serializers.DateTimeField(allow_null=True,
+                                          help_text="When a leased subscription ends.")
 
 
 class NewSubscriptionSerializer(SubscriptionSerializer):
@@ -332,3 +366,110 @@ def effective_parameters(topic) -> dict:
     values = effective(topic)
     return {name: values.get(name) for name in QUEUE_PARAMETERS}
 
+
+
+# --------------------------------------------------------------------------------- stats
+# What broker.services.stats.snapshot() returns (documented in its docstring); the view
+# returns that dict as is, these describe it for the schema.
+
+
+class RateSeriesSerializer(serializers.Serializer):
+    start = serializers.DateTimeField(help_text="Start of the first (oldest) bucket.")
+    step_seconds = serializers.IntegerField()
+    publish = serializers.ListField(child=serializers.IntegerField(),
+                                    help_text="Messages committed per bucket; the last "
+                                              "bucket is the current, partial one.")
+    deliver = serializers.ListField(child=serializers.IntegerField(),
+                                    help_text="Messages delivered (NOTIFY MESSAGE or pulled).")
+    ack = serializers.ListField(child=serializers.IntegerField(),
+                                help_text="ACKs committed.")
+
+
+class RatesSerializer(serializers.Serializer):
+    minutes = RateSeriesSerializer(help_text="Per minute, the last 60 minutes.")
+    hours = RateSeriesSerializer(help_text="Per hour, the last 24 hours.")
+
+
+class MessageTotalsSerializer(serializers.Serializer):
+    publish = serializers.IntegerField()
+    deliver = serializers.IntegerField()
+    ack = serializers.IntegerField()
+
+
+class TopicDepthSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    messages = serializers.IntegerField(help_text="Stored, pending state.")
+    pending = serializers.IntegerField(help_text="Deliveries waiting.")
+    locked = serializers.IntegerField(help_text="Deliveries locked to a session or a pull.")
+    dead = serializers.IntegerField(help_text="Deliveries whose retries are spent.")
+
+
+class SessionsSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    by_door = serializers.DictField(child=serializers.IntegerField(),
+                                    help_text="Live sessions per door (smqp, qqp, ...).")
+
+
+class DeadLetterSerializer(serializers.Serializer):
+    smuid = serializers.IntegerField()
+    topic = serializers.CharField()
+    account = serializers.CharField()
+    attempts = serializers.IntegerField()
+    at = serializers.DateTimeField(allow_null=True)
+    message_state = serializers.CharField()
+    republishable = serializers.BooleanField(help_text="In Trash: REPUBLISH can bring it back.")
+
+
+class GroupCommitsSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    failures = serializers.IntegerField()
+    size_sum = serializers.IntegerField()
+    seconds_sum = serializers.FloatField()
+    mean_size = serializers.FloatField(allow_null=True)
+    mean_seconds = serializers.FloatField(allow_null=True)
+    size_buckets = serializers.DictField(child=serializers.IntegerField(),
+                                         help_text="Cumulative counts per upper bound (le).")
+    seconds_buckets = serializers.DictField(child=serializers.IntegerField(),
+                                            help_text="Cumulative counts per upper bound.")
+
+
+class GroupCommitKindsSerializer(serializers.Serializer):
+    publish = GroupCommitsSerializer()
+    ack = GroupCommitsSerializer()
+
+
+class StorageProcessSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    pid = serializers.IntegerField(allow_null=True)
+    alive = serializers.BooleanField()
+    waiting = serializers.IntegerField()
+    starts = serializers.IntegerField()
+
+
+class ListenerSerializer(serializers.Serializer):
+    origin = serializers.CharField()
+    host = serializers.CharField()
+    pid = serializers.IntegerField()
+    command = serializers.CharField(allow_blank=True)
+    started = serializers.FloatField(help_text="Epoch seconds.")
+    at = serializers.FloatField(help_text="Epoch seconds of this record.")
+    sessions = serializers.IntegerField()
+    journal_backlog = serializers.IntegerField()
+    publish_queue = serializers.IntegerField()
+    storage_processes = StorageProcessSerializer(many=True)
+
+
+class StatsSerializer(serializers.Serializer):
+    generated = serializers.DateTimeField()
+    rates = RatesSerializer()
+    totals = MessageTotalsSerializer(help_text="Since the counters' Redis was empty.")
+    topics = TopicDepthSerializer(many=True, help_text="The deepest topics first (50 at most).")
+    sessions = SessionsSerializer()
+    dead_letters = DeadLetterSerializer(many=True, help_text="The latest 20.")
+    group_commits = GroupCommitKindsSerializer()
+    listeners = ListenerSerializer(many=True, help_text="Listeners that reported lately.")
+    links = serializers.ListField(child=serializers.DictField(), allow_null=True,
+                                  help_text="Federation links; null: none installed.")
+    counters_unavailable = serializers.CharField(
+        allow_null=True, help_text="Why the counters could not be read (then rates, totals "
+                                   "and group commits are 0, listeners empty).")

@@ -25,16 +25,19 @@ from accounts.models import Account
 from broker.domain import message as codec
 from broker.domain.errors import ProtocolError
 from broker.domain.values import SmuidSet, parse_topic_pattern, validate_topic
-from broker.models import Message, Subscription
+from broker.models import Message, Subscription, selector_key
 from broker.services import accounts as account_service
 from broker.services import auth as auth_service
 from broker.services import not_found, notify, ual_entries
 from broker.services import publish as publish_service
 from broker.services import pull as pull_service
 from broker.services import read as read_service
+from broker.services import stats as stats_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.services.prepare import PublishRequest
+from broker.services.selectors import compile_selector
+from broker.store import opsmetrics
 from topics.tree import Node
 from ual.resolution import AccessSnapshot, snapshot_for
 
@@ -340,6 +343,9 @@ class TopicMessagesView(APIView):
                     transaction.set_rollback(True)
                     return problem(409, "A request with this Idempotency-Key is in progress",
                                    409)
+        # Committed: counted as the listeners count their publishes (console rates,
+        # /metrics); a replayed Idempotency-Key returned above and published nothing.
+        opsmetrics.count_now("publish")
         return Response(body, status=status.HTTP_201_CREATED)
 
 
@@ -376,8 +382,10 @@ class RepublishView(APIView):
 
 
 def subscription_data(sub: Subscription) -> dict:
+    selector = {"class": sub.selector_class, "text": sub.selector} if sub.selector_class \
+        else None
     return {"id": sub.pk, "resource": sub.resource, "pattern": sub.pattern, "since": sub.since,
-            "created": sub.created}
+            "created": sub.created, "selector": selector, "lease_end": sub.lease_end}
 
 
 class SubscriptionsView(APIView):
@@ -398,7 +406,10 @@ class SubscriptionsView(APIView):
     @extend_schema(request=s.SubscriptionCreateSerializer,
                    responses={201: s.NewSubscriptionSerializer})
     def post(self, request: Request) -> Response:
-        """SUBSCRIBE: messages still held on the topics become the account's to pull."""
+        """SUBSCRIBE: messages still held on the topics become the account's to pull.
+        MESSAGE subscriptions may have a ``selector`` (only the messages it is TRUE for;
+        566 / 567 when refused) and ``lease_seconds`` (it ends then, and is renewed by
+        subscribing again with the same pattern and selector)."""
         data = valid(s.SubscriptionCreateSerializer, request.data)
         resource = data["resource"]
         pattern = None
@@ -410,12 +421,24 @@ class SubscriptionsView(APIView):
             except (ProtocolError, ValueError):
                 raise ValidationError({"pattern": ["Not a topic or /topic/* pattern."]}) \
                     from None
+        given = data.get("selector")
+        selector = (given["class"], given["text"]) if given else None
         snap = snapshot(request)
-        topics = subscription_service.subscribe(snap, resource, pattern, data.get("since"))
-        stored = str(pattern) if pattern is not None else \
-            subscription_service.SERVER_TIMEOUT_PATTERN
-        sub = Subscription.objects.get(account=request.user, resource=resource,
-                                       pattern_key=stored.casefold())
+        # One transaction: the row is read back before a lease sweep elsewhere can end it.
+        with transaction.atomic():
+            topics = subscription_service.subscribe(snap, resource, pattern,
+                                                    data.get("since"),
+                                                    data.get("lease_seconds"), selector)
+            stored = str(pattern) if pattern is not None else \
+                subscription_service.SERVER_TIMEOUT_PATTERN
+            # The row is keyed by the selector as the service stored it (canonical class,
+            # text trimmed): compile_selector is cached, so nothing is parsed again.
+            key = ""
+            if selector is not None:
+                compiled = compile_selector(*selector)
+                key = selector_key(compiled.cls, compiled.text)
+            sub = Subscription.objects.get(account=request.user, resource=resource,
+                                           pattern_key=stored.casefold(), selector_key=key)
         return Response({**subscription_data(sub), "topics": topics},
                         status=status.HTTP_201_CREATED)
 
@@ -455,6 +478,10 @@ class PullView(APIView):
             # waiting pull); the pause grows to 0.5 s so an idle long poll costs little.
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, 0.5)
+        # Handed out (each lock committed): the REST form of a NOTIFY MESSAGE, counted as
+        # "deliver" with the listeners' ones.
+        if got:
+            opsmetrics.count_now("deliver", len(got))
         return Response({"messages": [
             {**message_data(p.smuid, p.topic, p.cmuid, p.message), "receipt": p.receipt,
              "deadline": p.deadline, "attempts": p.attempts} for p in got]})
@@ -468,6 +495,7 @@ class AckView(APIView):
     def post(self, request: Request, receipt: str) -> Response:
         """Consume the message (once, whatever door asks); 409 if the lock has ended."""
         receipts = pull_service.ack(snapshot(request), receipt)
+        opsmetrics.count_now("ack")  # committed (a refused ACK raised above)
         notify.messages_committed(receipts)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -580,6 +608,22 @@ class AccountView(APIView):
             raise not_found("account")
         return Response(account_data(account))
 
+
+
+# ----------------------------------------------------------------------------------- stats
+
+
+class StatsView(APIView):
+    """Staff only, as the operators' console and /metrics are: the figures name every
+    topic, dead letters' accounts and the listeners, whatever the UAL lets an account see."""
+
+    permission_classes = [Staff]
+
+    @extend_schema(operation_id="stats", responses=s.StatsSerializer)
+    def get(self, request: Request) -> Response:
+        """Message rates, queue depths, sessions per door, dead letters, group commits and
+        listeners: what the operators' overview shows (broker.services.stats.snapshot)."""
+        return Response(stats_service.snapshot())
 
 
 @extend_schema(exclude=True)

@@ -30,10 +30,11 @@ from ual.resolution import AccessSnapshot
 from . import ServiceError, bad_request, conflict, not_found
 from . import topics as topic_service
 from .ack import may_want_receipt
-from .deliveries import NO_PRIORITY, effective
+from .deliveries import NO_PRIORITY, effective, stored_view
 from .locks import ack_locked, lock, release_held
 from .publish import Published
 from .read import load_for_delivery
+from .selectors import Selector, stored_selector
 
 #: A pull looks at most this many pages of candidates before it answers with what it got.
 CANDIDATE_PAGES = 5
@@ -93,6 +94,28 @@ def covered_topics(snapshot: AccessSnapshot, sub: Subscription) -> dict[int, Nod
             if snapshot.allows(t, Right.SUBSCRIBE)}
 
 
+def _own_selector(sub: Subscription) -> Selector | None:
+    """The selector a pull of ``sub`` must apply itself, or None. Deliveries are the
+    account's, made when any of its subscriptions selected the message: with a selector
+    and no other MESSAGE subscription of the account, every waiting delivery is one this
+    selector took (no need to look at the messages); otherwise another subscription may
+    have taken it, and this pull hands out only what its own selector takes."""
+    if not sub.selector_class:
+        return None
+    if not Subscription.objects.filter(account_id=sub.account_id,
+                                       resource=Subscription.Resource.MESSAGE).exclude(
+                                           pk=sub.pk).exists():
+        return None
+    return stored_selector(sub.selector_class, sub.selector)
+
+
+def _selects(selector: Selector, smuid: int) -> bool:
+    try:
+        return selector.matches(stored_view(smuid)())
+    except Message.DoesNotExist:  # deleted meanwhile (expired, topic removed)
+        return False
+
+
 def pull(snapshot: AccessSnapshot, subscription_id: int, limit: int) -> list[Pulled]:
     """Lock up to ``limit`` messages waiting for the account on the subscription's topics,
     in delivery order (priority, then publish order), to a new holder. Empty when none
@@ -113,6 +136,7 @@ def pull(snapshot: AccessSnapshot, subscription_id: int, limit: int) -> list[Pul
         free, account_id=account_id,
         message__state=Message.State.PENDING, message__topic_id__in=list(topics),
     ).filter(Q(message__expires__isnull=True) | Q(message__expires__gt=now)).order_by(*order)
+    only = _own_selector(sub)
     locked: list[int] = []
     tried: list[int] = []
     # Candidates a page at a time (twice what is asked for): other consumers of the account
@@ -122,6 +146,8 @@ def pull(snapshot: AccessSnapshot, subscription_id: int, limit: int) -> list[Pul
             "message_id", "message__topic_id")[:limit * 2])
         for smuid, topic_id in page:
             tried.append(smuid)
+            if only is not None and not _selects(only, smuid):
+                continue  # waits for the account's subscription that selected it
             params = effective(topics[topic_id])
             if lock(account_id, holder, smuid, int(params["retry_timeout"] or 30),
                     int(params["max_retries"] or 0)):
