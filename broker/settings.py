@@ -353,3 +353,10 @@ SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT
 SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)
 SMQP_TRASH_RETENTION = env_int("SMQP_TRASH_RETENTION", 7 * 86_400)
 SMQP_NOTIFY_CONNECT_TIMEOUT = env_int("SMQP_NOTIFY_CONNECT_TIMEOUT", 5)
+
+# XMPP over WebSocket (XMPP-PROFILE.md): the server's domain (the pubsub service is
+# pubsub.<domain>), the largest frame taken, and where SASL PLAIN is offered besides wss://
+# ("loopback": from this machine only, as SMQP_CLEAR_ON_PLAIN; "yes"; "no").
+SMQP_XMPP_DOMAIN = os.environ.get("SMQP_XMPP_DOMAIN", "localhost")
+SMQP_XMPP_MAX_FRAME = env_int("SMQP_XMPP_MAX_FRAME", 256 * 1024)
+SMQP_XMPP_PLAIN = os.environ.get("SMQP_XMPP_PLAIN", "loopback").strip().lower()
