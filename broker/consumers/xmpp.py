@@ -758,7 +758,14 @@ class XMPPConsumer(AsyncConsumer):
                 policy = await dispatcher.retry_policy(loaded[0])
                 if policy.queue:
                     key = loaded[0].casefold()
-                    if self._held_on(key) >= self.queue_requests.get(key, 1):
+                    limit = self.queue_requests.get(key, 0)
+                    if not limit:
+                        # This stream has not subscribed to the queue node (with its
+                        # queue_requests): not its to take; it is read again from the
+                        # store when the stream subscribes.
+                        mailbox.done_preparing()
+                        continue
+                    if self._held_on(key) >= limit:
                         mailbox.done_preparing()
                         if sum(map(len, self.parked.values())) >= mailbox.page_size:
                             mailbox.offer(0, smuid)  # too many put aside: it waits
