@@ -209,7 +209,7 @@ def test_publish_subscribe_notification_items_and_retract(xmpp):
     publish(pub, path, "<job xmlns='urn:test'><n>3</n></job>", "first")
     items = ok(sub.pubsub("get", f"<items node='{path}'/>")).findall(f".//{tag(PUBSUB, 'item')}")
     assert sorted(i.get("id") for i in items) == sorted(["first", auto])
-    first = [i for i in items if i.get("id") == "first"][0]
+    first = next(i for i in items if i.get("id") == "first")
     assert payload_of(first).find("{urn:test}n").text == "3"
     # retract by the publisher: subscribers get the retract notification
     ok(pub.pubsub("set", f"<retract node='{path}' notify='true'><item id='{auto}'/></retract>"))
@@ -316,8 +316,8 @@ def test_queue_subscribe_needs_queue_requests(xmpp):
     values = [v.text for v in reply.iter("{jabber:x:data}value")]
     assert "3" in values
     config = ok(s.pubsub("get", f"<configure node='{path}'/>", owner=True))
-    queueing = [f for f in config.iter("{jabber:x:data}field")
-                if f.get("var") == "pubsub#queueing"][0]
+    queueing = next(f for f in config.iter("{jabber:x:data}field")
+                if f.get("var") == "pubsub#queueing")
     assert queueing.find("{jabber:x:data}value").text == "1"
     s.close()
 

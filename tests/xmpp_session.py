@@ -16,7 +16,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import websocket
@@ -148,10 +148,8 @@ class XmppSession:
         return False
 
     def close(self) -> None:
-        try:
+        with suppress(Exception):
             self.ws.close()
-        except Exception:
-            pass
 
     # -- stream set-up
 

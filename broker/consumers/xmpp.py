@@ -378,7 +378,7 @@ class XMPPConsumer(AsyncConsumer):
         except s.IqFault as fault:
             iq_id, iq_type, to = s.iq_envelope(element)
             if iq_type not in ("result", "error"):
-                await self._write(s.iq_error(iq_id, to or self.domain, self.jid, fault))
+                await self._write(s.iq_error(iq_id, to, self.jid, fault))
             return
         if iq.command is None:
             return
@@ -387,7 +387,7 @@ class XMPPConsumer(AsyncConsumer):
             await self._stream_error("not-authorized", "bind a resource first")
             return
         handler = getattr(self, _handler_name(iq.command))
-        sender = iq.to or self.domain
+        sender = iq.to
         try:
             inner = await handler(iq.command, iq)
         except s.IqFault as fault:
@@ -438,7 +438,7 @@ class XMPPConsumer(AsyncConsumer):
         self.dispatcher.register(self)
         await self.dispatcher.joined()
         # The result goes before the backlog: the client knows its JID first.
-        await self._write(s.iq_result(iq.id, self.domain, self.jid, s.bind_result(self.jid)))
+        await self._write(s.iq_result(iq.id, iq.to, self.jid, s.bind_result(self.jid)))
         await self._read_backlog()
         return None  # type: ignore[return-value]
 
@@ -524,7 +524,7 @@ class XMPPConsumer(AsyncConsumer):
             self.queue_requests[key] = requests
             options = [(pubsub_service.QUEUE_REQUESTS, "text-single", [str(requests)])]
             self._unpark(key)
-        await self._write(s.iq_result(iq.id, iq.to or self.service_jid, self.jid,
+        await self._write(s.iq_result(iq.id, iq.to, self.jid,
                                       s.subscription_result(cmd.node, cmd.jid, subid, options)))
         await self._read_backlog()
         return None  # type: ignore[return-value]
@@ -565,7 +565,7 @@ class XMPPConsumer(AsyncConsumer):
         return None
 
     async def _publish_result(self, future: asyncio.Future, cmd: s.Publish, iq: s.Iq) -> None:
-        sender = iq.to or self.service_jid
+        sender = iq.to
         try:
             published = await future
         except ServiceError as exc:
@@ -606,7 +606,7 @@ class XMPPConsumer(AsyncConsumer):
         smuids = [await self._held_item(cmd.node, i) for i in cmd.ids]
         for item_id, smuid in zip(cmd.ids, smuids, strict=True):
             await self._consume(smuid, cmd.node, item_id)
-        await self._write(s.iq_result(iq.id, iq.to or self.service_jid, self.jid))
+        await self._write(s.iq_result(iq.id, iq.to, self.jid))
         # XEP-0254 §2.3: the retract notification to this subscriber only.
         await self._write(s.retract_event(self.service_jid, self.jid, cmd.node, cmd.ids))
         self.kick()
@@ -621,7 +621,7 @@ class XMPPConsumer(AsyncConsumer):
         smuids = [await self._held_item(cmd.node, i) for i in cmd.ids]
         self._drop_held(smuids)
         await self._release(smuids)
-        await self._write(s.iq_result(iq.id, iq.to or self.service_jid, self.jid))
+        await self._write(s.iq_result(iq.id, iq.to, self.jid))
         await self._write(s.unlock_event(self.service_jid, self.jid, cmd.node, cmd.ids))
         self.kick()
         return None  # type: ignore[return-value]

@@ -377,12 +377,14 @@ def stream_error(condition: str, text: str = "") -> str:
             f"<{condition} xmlns='{STREAMS}'/>{extra}</stream:error>")
 
 
-def iq_result(iq_id: str, sender: str, to: str, inner: str = "") -> str:
+def iq_result(iq_id: str, sender: str | None, to: str, inner: str = "") -> str:
+    """``sender``: the ``to`` of the request (None: it had none, and the reply has no
+    ``from``, as clients match replies to requests sent to their own server)."""
     head = f"<iq xmlns='{CLIENT}' type='result'{attrs(id=iq_id, to=to, **{'from': sender})}"
     return head + (f">{inner}</iq>" if inner else "/>")
 
 
-def iq_error(iq_id: str, sender: str, to: str, fault: IqFault) -> str:
+def iq_error(iq_id: str, sender: str | None, to: str, fault: IqFault) -> str:
     cond = fault.condition
     detail = ""
     if fault.pubsub:
