@@ -180,11 +180,13 @@ def test_three_workers_at_two_doors_share_300_items_each_consumed_once(xmpp):
         assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1]
         by_worker = {"@xmpp/client": len(w_xmpp.events("consumed")),
                      "stanza": len(w_stanza.events("consumed")), "smqp": len(smqp_consumed)}
+        print("consumed by", by_worker)
         assert all(by_worker.values()), by_worker
         # unlocks (the workers' own) and lock timeouts (told with an unlock notification)
         unlocked = w_xmpp.events("unlocked") + w_stanza.events("unlocked")
         let_go = [e for w in (w_xmpp, w_stanza) for e in w.events("item")
                   if e["what"] in ("unlock", "ignore")]
+        print("let go", len(let_go), "unlock notifications", len(unlocked))
         assert let_go and len(unlocked) >= len(let_go)
         refused = w_xmpp.events("refused") + w_stanza.events("refused")
         assert not refused, refused
