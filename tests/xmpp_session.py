@@ -136,11 +136,22 @@ class XmppSession:
         return self.expect(lambda e: True, timeout)
 
     def closed(self, timeout: float = 30.0) -> bool:
-        """Wait for the server to close the WebSocket; True when it did."""
+        """Wait for the server's ``<close/>`` (RFC 7395 §3.6: the client then closes the
+        WebSocket, as this does) or for the server to close the WebSocket itself; True when
+        either came."""
+        for i, element in enumerate(self.pending):
+            if element.tag == tag(FRAMING, "close"):
+                self.pending.pop(i)
+                self.close()
+                return True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                self.pending.append(self._read(deadline - time.monotonic()))
+                element = self._read(deadline - time.monotonic())
+                if element.tag == tag(FRAMING, "close"):
+                    self.close()
+                    return True
+                self.pending.append(element)
             except StreamEnded:
                 return True
             except websocket.WebSocketTimeoutException:

@@ -59,6 +59,8 @@ SUBPROTOCOL = "xmpp"
 # Items a session remembers having received (for XEP-0254's unexpected-request vs
 # forbidden): the most recent ones.
 RECEIVED_MEMORY = 10_000
+# After the server's <close/>, how long the client has to close the WebSocket itself.
+CLOSE_GRACE_SECONDS = 5.0
 # Publishes of one session waiting for their commit before it stops reading.
 MAX_OUTSTANDING_PUBLISHES = 1024
 # ServiceError codes (SMQP's) → XMPP stanza error conditions.
@@ -151,6 +153,7 @@ class XMPPConsumer(AsyncConsumer):
             mechanisms.append("PLAIN")
         self.stream = xs.ServerStream(self.domain, settings.SMQP_XMPP_MAX_FRAME, mechanisms)
         self.closing = False
+        self._disconnected = False
         self.authenticated: Account | None = None
         self.account: Account | None = None
         self.account_id = 0
@@ -193,6 +196,7 @@ class XMPPConsumer(AsyncConsumer):
 
     async def websocket_disconnect(self, event: dict) -> None:
         self.closing = True
+        self._disconnected = True
         self._login_timer.cancel()
         if self._lock_timer is not None:
             self._lock_timer.cancel()
@@ -218,14 +222,22 @@ class XMPPConsumer(AsyncConsumer):
             await self.send({"type": "websocket.send", "text": text})
 
     async def _stream_error(self, condition: str, text: str = "") -> None:
-        """End the stream: the stream error, ``<close/>``, and the WebSocket close."""
+        """End the stream: the stream error and ``<close/>``; the client closes the
+        WebSocket (RFC 7395 §3.6), or the server does after :data:`CLOSE_GRACE_SECONDS`."""
         if self.closing:
             return
         self.stream.fail()
         await self._write(s.stream_error(condition, text))
+        await self._end_stream()
+
+    async def _end_stream(self) -> None:
         await self._write(s.close_frame())
         self.closing = True
-        await self.send({"type": "websocket.close", "code": 1000})
+        self._loop.call_later(CLOSE_GRACE_SECONDS, self._close_socket)
+
+    def _close_socket(self) -> None:
+        if not self._disconnected:
+            self._spawn(self.send({"type": "websocket.close", "code": 1000}))
 
     def _login_timed_out(self) -> None:
         if self.session is None and not self.closing:
@@ -251,9 +263,7 @@ class XMPPConsumer(AsyncConsumer):
         if isinstance(event, xs.Fault):
             await self._stream_error(event.condition, event.text)
         elif isinstance(event, xs.Closed):
-            await self._write(s.close_frame())
-            self.closing = True
-            await self.send({"type": "websocket.close", "code": 1000})
+            await self._end_stream()
         elif isinstance(event, xs.Opened):
             for text in event.frames:
                 await self._write(text)
