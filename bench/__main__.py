@@ -9,6 +9,7 @@ Examples::
     python -m bench messages --tls --db sqlite           # the same over SMQPS beside plain
     python -m bench tls                                  # TLS handshakes, failed-login timing
     python -m bench qqp --db both                        # QQP items/s against SMQP publish
+    python -m bench xmpp                                 # XMPP/SMQP/RabbitMQ queue workers
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import messages, qqp, smqp_load, tls
+from . import messages, qqp, smqp_load, tls, xmpp
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -28,6 +29,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "messages": messages,
     "tls": tls,
     "qqp": qqp,
+    "xmpp": xmpp,
 }
 DEFAULT = "commands"
 
