@@ -5,7 +5,8 @@
 // Modes: "worker" (queue node: subscribe with pubsub#queue_requests, retract what arrives,
 // unlock every Nth item once, leave every Mth item to time out once), "subscriber" (fan-out:
 // subscribe and report items), "listen" (report items of existing subscriptions: the
-// backlog on bind), "publisher" (publish `count` items).
+// backlog on bind), "publisher" (publish `count` items). "create": create the node first;
+// "presence": send initial presence once online.
 // Node 20: run with --experimental-websocket (global WebSocket).
 import { client as xmppClient, xml } from "@xmpp/client";
 import * as XMPP from "stanza";
@@ -84,6 +85,15 @@ async function runXmpp() {
   });
   await xmpp.start();
   out({ event: "online", jid: xmpp.jid.toString() });
+  if (cfg.create) {
+    try {
+      await iq("set", pubsub(xml("create", { node: cfg.node })));
+      out({ event: "created" });
+    } catch (err) {
+      out({ event: "create-refused", condition: err.condition || String(err) });
+    }
+  }
+  if (cfg.presence) xmpp.send(xml("presence"));
   if (cfg.mode === "worker" || cfg.mode === "subscriber") {
     const options = cfg.mode === "worker"
       ? [xml("options", { node: cfg.node, jid: bare },
@@ -151,7 +161,8 @@ async function runStanza() {
   const started = new Promise((resolve) => c.once("session:started", resolve));
   c.connect();
   await started;
-  out({ event: "online", jid: c.jid, mechanism: c.features?.negotiated ? "" : "" });
+  out({ event: "online", jid: c.jid });
+  if (cfg.presence) c.sendPresence();
   if (cfg.mode === "worker" || cfg.mode === "subscriber") {
     const opts = { node: cfg.node, jid: bare };
     if (cfg.mode === "worker") {
@@ -168,8 +179,10 @@ async function runStanza() {
   }
 }
 
-process.on("unhandledRejection", (err) => out({ event: "error", message: String(err) }));
+process.on("unhandledRejection", (err) => out({
+  event: "error", message: err instanceof Error ? String(err) : JSON.stringify(err) }));
 (cfg.lib === "stanza" ? runStanza() : runXmpp()).catch((err) => {
-  out({ event: "error", message: String(err && err.stack || err) });
+  out({ event: "error",
+        message: err instanceof Error ? String(err.stack || err) : JSON.stringify(err) });
   process.exit(2);
 });
