@@ -141,3 +141,16 @@ def test_serialized_text_parses_back(value):
     element.text = value
     back = parse_frame(serialize(element), 1 << 16)
     assert back.get("a") == value and (back.text or "") == value
+
+
+@pytest.mark.parametrize("policy, tls, peer, allowed", [
+    ("loopback", False, "127.0.0.1", True), ("loopback", False, "::1", True),
+    ("loopback", False, "::ffff:127.0.0.1", True), ("loopback", False, "10.0.0.5", False),
+    ("loopback", True, "10.0.0.5", True), ("no", False, "127.0.0.1", False),
+    ("yes", False, "10.0.0.5", True), ("loopback", False, "", False),
+])
+def test_plain_is_offered_as_smqp_xmpp_plain_says(settings, policy, tls, peer, allowed):
+    from broker.services.auth import xmpp_plain_allowed
+
+    settings.SMQP_XMPP_PLAIN = policy
+    assert xmpp_plain_allowed(tls, peer) is allowed

@@ -146,10 +146,7 @@ class XMPPConsumer(AsyncConsumer):
         self.service_jid = f"pubsub.{self.domain}"
         tls = self.scope.get("scheme") == "wss"
         mechanisms = ["SCRAM-SHA-256"]
-        if tls or settings.SMQP_XMPP_PLAIN == "yes" or (
-                settings.SMQP_XMPP_PLAIN == "loopback"
-                and auth_service.clear_allowed(False, self.peer_host)
-                and settings.SMQP_CLEAR_ON_PLAIN != "no"):
+        if auth_service.xmpp_plain_allowed(tls, self.peer_host):
             mechanisms.append("PLAIN")
         self.stream = xs.ServerStream(self.domain, settings.SMQP_XMPP_MAX_FRAME, mechanisms)
         self.closing = False
