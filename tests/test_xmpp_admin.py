@@ -21,7 +21,8 @@ def form_data(path: str, mode: str, queueing: bool | None) -> dict:
     data = {"path": path, "parent": "", "link": "", "account": "", "state": "active",
             "delivery_mode": mode, **dict.fromkeys(FIELDS, ""),
             "keywords-TOTAL_FORMS": "0", "keywords-INITIAL_FORMS": "0",
-            "ual_entries-TOTAL_FORMS": "0", "ual_entries-INITIAL_FORMS": "0"}
+            "ual_entries-TOTAL_FORMS": "0", "ual_entries-INITIAL_FORMS": "0",
+            "pubsub_queueing_shown": "1"}
     if queueing:
         data["pubsub_queueing"] = "on"
     return data
@@ -49,5 +50,15 @@ def test_pubsub_queueing_field_sets_and_shows_the_queue_mode(admin_client):
     topic.refresh_from_db()
     assert topic.delivery_mode == Topic.DeliveryMode.FANOUT
     assert admin_client.post(url, form_data("/jobs", "queue", True)).status_code == 302
+    topic.refresh_from_db()
+    assert topic.delivery_mode == Topic.DeliveryMode.QUEUE
+
+
+def test_a_post_without_the_box_leaves_the_delivery_mode_alone(admin_client):
+    topic = Topic.objects.create(path="/work", delivery_mode=Topic.DeliveryMode.QUEUE)
+    url = f"/admin/topics/topic/{topic.pk}/change/"
+    data = form_data("/work", "queue", None)
+    del data["pubsub_queueing_shown"]
+    assert admin_client.post(url, data).status_code == 302
     topic.refresh_from_db()
     assert topic.delivery_mode == Topic.DeliveryMode.QUEUE

@@ -139,6 +139,11 @@ class TopicForm(forms.ModelForm):
         help_text="XMPP queueing (XEP-0254): the delivery mode “queue”. Changing it changes "
                   "the delivery mode.")
 
+    # Sent by the page that shows the box: a post without it (an unticked box is not sent)
+    # leaves the delivery mode to its own field.
+    pubsub_queueing_shown = forms.CharField(widget=forms.HiddenInput, required=False,
+                                            initial="1")
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["pubsub_queueing"].initial = (
@@ -146,7 +151,7 @@ class TopicForm(forms.ModelForm):
 
     def clean(self) -> dict:
         cleaned = super().clean()
-        if "pubsub_queueing" in self.changed_data:
+        if cleaned.get("pubsub_queueing_shown") == "1" and "pubsub_queueing" in self.changed_data:
             mode = (Topic.DeliveryMode.QUEUE if cleaned.get("pubsub_queueing")
                     else Topic.DeliveryMode.FANOUT)
             cleaned["delivery_mode"] = self.instance.delivery_mode = mode
@@ -185,7 +190,7 @@ class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = TopicForm
     fieldsets = (
         (None, {"fields": ("path", "parent", "link", "account", "state", "delivery_mode",
-                           "pubsub_queueing")}),
+                           "pubsub_queueing", "pubsub_queueing_shown")}),
         ("Queue parameters (empty: inherited)", {
             "fields": QUEUE_PARAMETERS,
             "description": "An empty parameter takes its parent's value, up to the server "
