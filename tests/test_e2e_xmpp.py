@@ -50,7 +50,7 @@ for right in ('publish', 'subscribe'):
 """
 
 
-@pytest.fixture(scope="module", params=["postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def xmpp(request, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     base = tmp_path_factory.mktemp("xmpp")
     # 4096 PBKDF2 rounds: the least a SCRAM client (scramp) accepts.
@@ -77,12 +77,15 @@ def ok(reply: ET.Element) -> ET.Element:
     return reply
 
 
-def create(s: XmppSession, path: str, queue: bool = False, retry: int | None = None) -> None:
+def create(s: XmppSession, path: str, queue: bool = False, retry: int | None = None,
+           max_retries: int | None = None) -> None:
     fields = ""
     if queue:
         fields += "<field var='pubsub#queueing'><value>1</value></field>"
     if retry is not None:
         fields += f"<field var='smqp#retry_timeout'><value>{retry}</value></field>"
+    if max_retries is not None:
+        fields += f"<field var='smqp#max_retries'><value>{max_retries}</value></field>"
     form = (f"<configure><x xmlns='jabber:x:data' type='submit'>{fields}</x></configure>"
             if fields else "")
     ok(s.pubsub("set", f"<create node='{path}'/>{form}"))
@@ -424,3 +427,32 @@ def test_event_namespace_is_pubsub_event(xmpp):
     assert payload_of(sub.event("item", node=path)[1]).tag == tag(PUBSUB, "inherits")
     pub.close()
     sub.close()
+
+
+def test_queue_item_is_dead_after_max_retries(xmpp):
+    """A worker that never answers: each lock times out (unlock notification) and the item
+    comes back, until the topic's max retries are spent; then it is dead (Trash)."""
+    broker, url = xmpp
+    pub = session(url, "alice")
+    w = session(url, "bob", resource="idle")
+    path = node()
+    create(pub, path, queue=True, retry=1, max_retries=1)
+    ok(subscribe(w, path, 1))
+    publish(pub, path, "<job xmlns='urn:q'>d</job>", "d1")
+    for _ in range(2):  # the first attempt and one retry
+        assert w.event("item", node=path, timeout=60)[1].get("id") == "d1"
+        assert w.event("unlock", node=path, timeout=60)[1].get("id") == "d1"
+    script = ("from broker.models import Delivery, Message\n"
+              f"m = Message.objects.get(topic__path='{path}')\n"
+              "print(Delivery.objects.get(message=m).state, m.state)")
+    deadline = time.monotonic() + 60
+    while True:
+        states = broker.manage("shell", "--no-imports", "-c", script).stdout.split()
+        if states and states[0] == "dead":
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(1)
+    reply = w.pubsub("set", f"<retract node='{path}'><item id='d1'/></retract>")
+    assert error_condition(reply) == "item-not-found"
+    pub.close()
+    w.close()
