@@ -46,6 +46,7 @@ from broker.services import auth as auth_service
 from broker.services import pubsub as pubsub_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
+from broker.services.deliveries import NO_PRIORITY
 from broker.store import dbthread
 from broker.xmpp import payload as xpayload
 from broker.xmpp import stanzas as s
@@ -809,10 +810,11 @@ class XMPPConsumer(AsyncConsumer):
                         continue
                     if self._held_on(key) >= limit:
                         mailbox.done_preparing()
+                        priority = _priority(loaded[2])
                         if sum(map(len, self.parked.values())) >= mailbox.page_size:
-                            mailbox.offer(0, smuid)  # too many put aside: it waits
+                            mailbox.offer(priority, smuid)  # too many put aside: it waits
                             break
-                        self.parked[key].add((0, smuid))
+                        self.parked[key].add((priority, smuid))
                         continue
                     if not await self._lock(smuid, policy):
                         mailbox.done_preparing()
@@ -895,6 +897,15 @@ class XMPPConsumer(AsyncConsumer):
                                                      [item_id]))
             self._arm_lock_timer()
             self.kick()
+
+
+def _priority(message: Any) -> int:
+    """The (priority, smuid) order key's priority of a loaded message, as the store ranks
+    it (its Priority header; none: after every prioritised one)."""
+    try:
+        return int(message.get("Priority") or NO_PRIORITY)
+    except ValueError:
+        return NO_PRIORITY
 
 
 def _pattern(node: str) -> TopicPattern:
