@@ -17,7 +17,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/0
 PYTEST_ARGS ?= -n auto
 export REDIS_URL
 
-.PHONY: help run test bench lint ruff imports services postgres browser python-deps clean
+.PHONY: help run test bench lint ruff imports services postgres browser xmpp-clients python-deps clean
 
 help:
 	@echo "make run    - set up and run the whole broker (admin :8000, SMQP :$${SMQP_PORT:-720})"
@@ -66,6 +66,11 @@ browser:
 	@# Headless Chromium and its driver for the admin console's browser test (Debian packages).
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { echo "installing chromium"; $(call apt_install,chromium chromium-driver); }
 
+# The XMPP door's independent clients (@xmpp/client, stanza), pinned by package-lock.json.
+xmpp-clients:
+	@command -v npm >/dev/null || { echo "installing Node.js and npm"; $(call apt_install,nodejs npm); }
+	@[ -d tests/xmpp_clients/node_modules/stanza ] || (cd tests/xmpp_clients && npm ci --no-audit --no-fund)
+
 run: services
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput -v 0
@@ -81,7 +86,7 @@ ruff: python-deps
 imports: python-deps
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: services postgres lint browser
+test: services postgres lint browser xmpp-clients
 	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.
 	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc

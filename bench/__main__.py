@@ -13,6 +13,7 @@ Examples::
     python -m bench rest                                 # REST API against RabbitMQ HTTP
     python -m bench federation --db both                 # forwarded msgs/s, remote latency
     python -m bench reports --events 1000000             # usage report export + PySpark job
+    python -m bench xmpp                                 # XMPP/SMQP/RabbitMQ queue workers
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import federation, messages, qqp, reports, rest, selectors, smqp_load, tls
+from . import federation, messages, qqp, reports, rest, selectors, smqp_load, tls, xmpp
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "rest": rest,  # REST publish and pull/ack against RabbitMQ's HTTP API
     "federation": federation,
     "reports": reports,
+    "xmpp": xmpp,
 }
 DEFAULT = "commands"
 

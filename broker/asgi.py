@@ -7,15 +7,19 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import path  # noqa: E402
 
 from broker.consumers.qqp import QQPConsumer  # noqa: E402
 from broker.consumers.smqp import SMQPConsumer  # noqa: E402
+from broker.consumers.xmpp import XMPPConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "smqp": SMQPConsumer.as_asgi(),
         "qqp": QQPConsumer.as_asgi(),
+        # XMPP over WebSocket (RFC 7395), subprotocol "xmpp" (XMPP-PROFILE.md).
+        "websocket": URLRouter([path("xmpp-websocket", XMPPConsumer.as_asgi())]),
     }
 )

@@ -445,3 +445,10 @@ SPARK_DRIVER_MEMORY = os.environ.get("SPARK_DRIVER_MEMORY", "")
 SMQP_REPORTS_DIR = os.environ.get("SMQP_REPORTS_DIR", str(VAR_DIR / "reports"))
 # Raw usage events are deleted this many days after their day, once that day is reported.
 SMQP_USAGE_RETENTION_DAYS = env_int("SMQP_USAGE_RETENTION_DAYS", 30)
+
+# XMPP over WebSocket (XMPP-PROFILE.md): the server's domain (the pubsub service is
+# pubsub.<domain>), the largest frame taken, and where SASL PLAIN is offered besides wss://
+# ("loopback": from this machine only, as SMQP_CLEAR_ON_PLAIN; "yes"; "no").
+SMQP_XMPP_DOMAIN = os.environ.get("SMQP_XMPP_DOMAIN", "localhost")
+SMQP_XMPP_MAX_FRAME = env_int("SMQP_XMPP_MAX_FRAME", 256 * 1024)
+SMQP_XMPP_PLAIN = os.environ.get("SMQP_XMPP_PLAIN", "loopback").strip().lower()

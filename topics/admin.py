@@ -133,8 +133,28 @@ class TopicForm(forms.ModelForm):
     #: The user saving (set per request by TopicAdmin.get_form).
     acting_user: Account | None = None
 
+    # XMPP's name for the delivery mode queue (XEP-0254, XMPP-PROFILE §4): the same setting.
+    pubsub_queueing = forms.BooleanField(
+        required=False, label="pubsub#queueing",
+        help_text="XMPP queueing (XEP-0254): the delivery mode “queue”. Changing it changes "
+                  "the delivery mode.")
+
+    # Sent by the page that shows the box: a post without it (an unticked box is not sent)
+    # leaves the delivery mode to its own field.
+    pubsub_queueing_shown = forms.CharField(widget=forms.HiddenInput, required=False,
+                                            initial="1")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["pubsub_queueing"].initial = (
+            self.instance.delivery_mode == Topic.DeliveryMode.QUEUE)
+
     def clean(self) -> dict:
         cleaned = super().clean()
+        if cleaned.get("pubsub_queueing_shown") == "1" and "pubsub_queueing" in self.changed_data:
+            mode = (Topic.DeliveryMode.QUEUE if cleaned.get("pubsub_queueing")
+                    else Topic.DeliveryMode.FANOUT)
+            cleaned["delivery_mode"] = self.instance.delivery_mode = mode
         new_path = cleaned.get("path")
         if not new_path or "path" in self._errors:
             return cleaned
@@ -169,7 +189,8 @@ class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
     inlines = [KeywordInline, UALEntryInline]
     form = TopicForm
     fieldsets = (
-        (None, {"fields": ("path", "parent", "link", "account", "state", "delivery_mode")}),
+        (None, {"fields": ("path", "parent", "link", "account", "state", "delivery_mode",
+                           "pubsub_queueing", "pubsub_queueing_shown")}),
         ("Queue parameters (empty: inherited)", {
             "fields": QUEUE_PARAMETERS,
             "description": "An empty parameter takes its parent's value, up to the server "

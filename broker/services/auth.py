@@ -182,3 +182,21 @@ def end_session(session: LoginSession) -> None:
     LoginSession.objects.filter(pk=session.pk, ended__isnull=True).update(ended=ended)
     events.record("logout", account=session.account.username, guid=session.guid or "")
 
+
+
+def xmpp_plain_allowed(tls: bool, peer_host: str) -> bool:
+    """May SASL PLAIN be offered on this XMPP stream (XMPP-PROFILE §2)? Over ``wss://``
+    always; else as ``SMQP_XMPP_PLAIN`` says: ``loopback`` only to a peer on this machine's
+    loopback, ``yes`` to anyone, ``no`` never."""
+    if tls:
+        return True
+    policy = settings.SMQP_XMPP_PLAIN
+    if policy != "loopback":
+        return policy == "yes"
+    try:
+        address = ipaddress.ip_address(peer_host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback

@@ -49,15 +49,22 @@ def remove_messages(snapshot: AccessSnapshot, path: str, smuids: SmuidSet, *,
                 named |= Q(pk__gte=lo, pk__lte=hi)
         pending = pending.filter(named)
     ids = list(pending.order_by("pk").values_list("pk", flat=True))
+    trash_messages(snapshot.account.username, real.path, ids)
+    return ids
+
+
+def trash_messages(account: str, topic_path: str, ids: list[int]) -> None:
+    """Move pending messages ``ids`` (of the topic ``topic_path``, locked by the caller's
+    transaction) into Trash, their open deliveries withdrawn; no rights checked here (the
+    caller's rule: REMOVE MESSAGE's manage right, an XMPP publisher's own retract)."""
     if not ids:
-        return []
+        return
     now = timezone.now()
     Delivery.objects.filter(
         message_id__in=ids, state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED],
     ).update(state=Delivery.State.DEAD, last_attempt=now)
     Message.objects.filter(pk__in=ids).update(state=Message.State.TRASH, trashed=now)
     UsageEvent.objects.bulk_create([
-        UsageEvent(kind=UsageEvent.Kind.EXPIRE, account=snapshot.account.username,
-                   topic=real.path, smuid=smuid, detail=REMOVED)
+        UsageEvent(kind=UsageEvent.Kind.EXPIRE, account=account,
+                   topic=topic_path, smuid=smuid, detail=REMOVED)
         for smuid in ids])
-    return ids
