@@ -360,7 +360,13 @@ def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
     base = topic_service.node(base_path)
     if base is None:
         return True  # gone (REMOVE TOPIC ends those: end_removed) or not there yet
-    if snapshot.allows(base, Right.SUBSCRIBE):
+    # As subscribe() decides: the subscribe right, or for a peer server the remote right.
+    rights = {Right.SUBSCRIBE, receive_right(snapshot.account)}
+
+    def allowed(topic: Topic | Node) -> bool:
+        return any(snapshot.allows(topic, right) for right in rights)
+
+    if allowed(base):
         return True
     if not wildcard:
         return False
@@ -368,7 +374,7 @@ def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
         below = topic_service._matching(snapshot, TopicPattern(base_path, True))
     except ServiceError:
         return False
-    return any(snapshot.allows(t, Right.SUBSCRIBE) for t in below)
+    return any(allowed(t) for t in below)
 
 
 def end_removed(topic_keys: list[str]) -> int:
