@@ -83,6 +83,8 @@ v1 = [
     path("ual/explain", offthread(views.ExplainView)),
     path("accounts/", offthread(views.AccountsView)),
     path("accounts/<str:name>", offthread(views.AccountView)),
+    path("links/", offthread(views.LinksView)),
+    path("links/<str:name>", offthread(views.LinkView)),
     # Anything else under /api/v1/ is a problem document too, not Django's HTML page.
     re_path(r"^[\s\S]*$", offthread(views.NoSuchResource)),
 ]

@@ -23,6 +23,19 @@ def _load() -> list[LinkConfig]:
     return [LinkConfig.of(link) for link in Link.objects.filter(enabled=True)]
 
 
+def _disabled() -> set[int]:
+    """The links an administrator disabled, each marked so (a link made disabled was never
+    started, so no session would say it). Their sessions stop; what they hold subscribed on
+    the peer stays, so the peer keeps queueing for them (profile §9.5: a link down catches
+    up)."""
+    from django.utils import timezone
+
+    ids = set(Link.objects.filter(enabled=False).values_list("pk", flat=True))
+    Link.objects.filter(pk__in=ids).exclude(state=Link.State.DISABLED).update(
+        state=Link.State.DISABLED, last_change=timezone.now())
+    return ids
+
+
 def _disable(link_ids: list[int]) -> None:
     for link_id in link_ids:
         rules.record_state(link_id, Link.State.DISABLED)
@@ -42,6 +55,8 @@ class Supervisor:
             await self.stop_all()
 
     async def reconcile(self) -> None:
+        # Disabled ones first: a link enabled in between is then started, never withdrawn.
+        disabled = await dbthread.run(_disabled)
         configs = {c.id: c for c in await dbthread.run(_load)}
         gone, stopped = [], False
         for link_id, (session, task) in list(self.sessions.items()):
@@ -49,7 +64,8 @@ class Supervisor:
             if config is None or not config.same_settings(session.config) or task.done():
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     logger.error("link %s ended: %r", session.config.name, task.exception())
-                if config is None:  # removed (not merely disabled): nothing is kept there
+                removed = config is None and link_id not in disabled
+                if removed:  # removed (not merely disabled): nothing is kept there
                     await self.sessions[link_id][0].withdraw()
                 await self._stop(link_id)
                 stopped = True
