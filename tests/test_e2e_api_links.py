@@ -108,7 +108,7 @@ def test_link_made_over_rest_carries_a_message_and_its_removal_withdraws(pair):
 
 
 def test_refusals_are_problem_documents(pair):
-    a, b, url, tokens = pair
+    _, _, url, tokens = pair
     api = client(url, tokens["root"])
     good = {"name": "east", "host": "127.0.0.1", "port": 1, "account": "x",
             "password": "secret", "enabled": False}

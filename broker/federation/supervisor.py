@@ -23,17 +23,16 @@ def _load() -> list[LinkConfig]:
     return [LinkConfig.of(link) for link in Link.objects.filter(enabled=True)]
 
 
-def _disabled() -> set[int]:
-    """The links an administrator disabled, each marked so (a link made disabled was never
-    started, so no session would say it). Their sessions stop; what they hold subscribed on
-    the peer stays, so the peer keeps queueing for them (profile §9.5: a link down catches
-    up)."""
+def _read() -> tuple[list[LinkConfig], set[int]]:
+    """The enabled links' settings and the disabled links' ids, from one query (a link
+    read as neither would be taken for removed, and withdrawn)."""
     from django.utils import timezone
 
-    ids = set(Link.objects.filter(enabled=False).values_list("pk", flat=True))
-    Link.objects.filter(pk__in=ids).exclude(state=Link.State.DISABLED).update(
+    rows = list(Link.objects.all())
+    disabled = {link.pk for link in rows if not link.enabled}
+    Link.objects.filter(pk__in=disabled).exclude(state=Link.State.DISABLED).update(
         state=Link.State.DISABLED, last_change=timezone.now())
-    return ids
+    return [LinkConfig.of(link) for link in rows if link.enabled], disabled
 
 
 def _disable(link_ids: list[int]) -> None:
@@ -55,9 +54,8 @@ class Supervisor:
             await self.stop_all()
 
     async def reconcile(self) -> None:
-        # Disabled ones first: a link enabled in between is then started, never withdrawn.
-        disabled = await dbthread.run(_disabled)
-        configs = {c.id: c for c in await dbthread.run(_load)}
+        enabled, disabled = await dbthread.run(_read)
+        configs = {c.id: c for c in enabled}
         gone, stopped = [], False
         for link_id, (session, task) in list(self.sessions.items()):
             config = configs.get(link_id)

@@ -16,7 +16,6 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import redis
-from django.apps import apps
 from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
