@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('broker', '0005_qqp'),
+        ('broker', '0006_selectors_leases'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
