@@ -29,10 +29,10 @@ for name, staff in (('root', True), ('carol', False)):
 """
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory) -> Iterator[tuple[Domain, Domain, str, dict[str, str]]]:
-    base = tmp_path_factory.mktemp("api-links")
-    with prepared("sqlite", base, ("a", "b")) as domains:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def pair(request, tmp_path_factory) -> Iterator[tuple[Domain, Domain, str, dict[str, str]]]:
+    base = tmp_path_factory.mktemp(f"api-links-{request.param}")
+    with prepared(request.param, base, ("a", "b")) as domains:
         a, b = domains["a"], domains["b"]
         a.start_listener()
         b.start_listener()
