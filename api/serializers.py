@@ -469,7 +469,65 @@ class StatsSerializer(serializers.Serializer):
     group_commits = GroupCommitKindsSerializer()
     listeners = ListenerSerializer(many=True, help_text="Listeners that reported lately.")
     links = serializers.ListField(child=serializers.DictField(), allow_null=True,
-                                  help_text="Federation links; null: none installed.")
+                                  help_text="Federation links, as /api/v1/links/ shows them.")
     counters_unavailable = serializers.CharField(
         allow_null=True, help_text="Why the counters could not be read (then rates, totals "
                                    "and group commits are 0, listeners empty).")
+# ----------------------------------------------------------------------- federation links
+
+
+class LinkSerializer(serializers.Serializer):
+    """A federation link (profile §9.5) as the API shows it: never its password."""
+
+    name = serializers.CharField(help_text="One topic segment: the peer's messages are "
+                                           "stored below /<name>/.")
+    host = serializers.CharField()
+    port = serializers.IntegerField()
+    tls = serializers.BooleanField(help_text="Connect over SMQPS.")
+    tls_ca = serializers.CharField(allow_blank=True)
+    tls_server_name = serializers.CharField(allow_blank=True)
+    account = serializers.CharField(help_text="The account the peer gave this server.")
+    password_set = serializers.BooleanField(help_text="Whether a password is stored (it is "
+                                                      "never shown).")
+    imports = serializers.ListField(child=serializers.CharField())
+    peer_account = serializers.CharField(allow_null=True)
+    enabled = serializers.BooleanField()
+    state = serializers.ChoiceField(choices=["idle", "connecting", "up", "down", "disabled"])
+    up = serializers.BooleanField()
+    last_error = serializers.CharField(allow_null=True)
+    last_change = serializers.DateTimeField(allow_null=True)
+    last_connected = serializers.DateTimeField(allow_null=True)
+    stored = serializers.IntegerField(help_text="Messages received over the link and stored.")
+    dropped = serializers.IntegerField(help_text="Messages received and dropped (loop, "
+                                                 "duplicate, Depth spent, not imported).")
+    subscribed = serializers.ListField(child=serializers.CharField(),
+                                       help_text="What the link subscribes to on the peer.")
+    backlog = serializers.IntegerField(allow_null=True, help_text="Messages this server holds "
+                                       "for the peer's account (null: no peer account).")
+
+
+class LinkChangeSerializer(serializers.Serializer):
+    """What PATCH may change; a field not given keeps its value (the password too)."""
+
+    host = serializers.CharField(max_length=255, required=False)
+    port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
+    tls = serializers.BooleanField(required=False)
+    tls_ca = serializers.CharField(max_length=1024, required=False, allow_blank=True)
+    tls_server_name = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    account = serializers.CharField(max_length=150, required=False)
+    password = serializers.CharField(max_length=255, required=False, allow_blank=True,
+                                     trim_whitespace=False, write_only=True)
+    imports = serializers.ListField(child=serializers.CharField(max_length=1024),
+                                    required=False, max_length=100,
+                                    help_text="Topic patterns of the peer (/news/*); none: "
+                                              "/* (every topic).")
+    peer_account = serializers.CharField(max_length=64, required=False, allow_null=True,
+                                         allow_blank=True,
+                                         help_text="The account the peer logs in with here.")
+    enabled = serializers.BooleanField(required=False)
+
+
+class LinkCreateSerializer(LinkChangeSerializer):
+    name = serializers.CharField(max_length=64)
+    host = serializers.CharField(max_length=255)
+    account = serializers.CharField(max_length=150)

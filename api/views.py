@@ -25,10 +25,10 @@ from accounts.models import Account
 from broker.domain import message as codec
 from broker.domain.errors import ProtocolError
 from broker.domain.values import SmuidSet, parse_topic_pattern, validate_topic
-from broker.models import Message, Subscription, selector_key
+from broker.models import Link, Message, Subscription, selector_key
 from broker.services import accounts as account_service
 from broker.services import auth as auth_service
-from broker.services import not_found, notify, ual_entries
+from broker.services import federation, not_found, notify, ual_entries
 from broker.services import publish as publish_service
 from broker.services import pull as pull_service
 from broker.services import read as read_service
@@ -640,3 +640,54 @@ class NoSuchResource(APIView):
         response = problem(404, "Not found (no such resource)", 404)
         self.response = self.finalize_response(request, response, *args, **kwargs)
         return self.response
+
+
+# ------------------------------------------------------------------- federation links (§9.5)
+
+
+class LinksView(APIView):
+    """Federation links: the same service (:mod:`broker.services.federation`) as
+    ``manage.py link`` and the admin. Staff only."""
+
+    permission_classes = [Staff]
+
+    @extend_schema(operation_id="links_list", parameters=[pagination.PageQuery],
+                   responses=pagination.paged(s.LinkSerializer))
+    def get(self, request: Request) -> Response:
+        after, limit = pagination.params(request, str)
+        rows = Link.objects.select_related("peer_account").order_by("name")
+        if after is not None:
+            rows = rows.filter(name__gt=after)
+        items = list(rows[:limit + 1])
+        more = len(items) > limit
+        items = items[:limit]
+        return pagination.page(request, [federation.link_data(x) for x in items],
+                               items[-1].name if more else None)
+
+    @extend_schema(request=s.LinkCreateSerializer, responses={201: s.LinkSerializer})
+    def post(self, request: Request) -> Response:
+        data = dict(valid(s.LinkCreateSerializer, request.data))
+        link = federation.save_link(data.pop("name"), create=True, **data)
+        return Response(federation.link_data(link), status=status.HTTP_201_CREATED)
+
+
+class LinkView(APIView):
+    permission_classes = [Staff]
+
+    @extend_schema(responses=s.LinkSerializer)
+    def get(self, request: Request, name: str) -> Response:
+        return Response(federation.link_data(federation.find_link(name)))
+
+    @extend_schema(request=s.LinkChangeSerializer, responses=s.LinkSerializer)
+    def patch(self, request: Request, name: str) -> Response:
+        """Change some settings: enable or disable the link, its imports, the peer's
+        address, TLS. A field not given keeps its value."""
+        data = valid(s.LinkChangeSerializer, request.data)
+        return Response(federation.link_data(federation.save_link(name, create=False,
+                                                                  **data)))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, name: str) -> Response:
+        """Remove the link: its supervisor unsubscribes on the peer what it held there."""
+        federation.remove_link(name)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -223,3 +223,44 @@ def test_republish_a_dead_letter_with_one_click(stack, browser, shoot):
         state = stack.store("from broker.models import Message\n"
                             f"result = Message.objects.get(pk={smuid}).state")
         assert state == "pending"
+
+
+def test_links_on_the_overview(stack, browser, shoot):
+    """Federation links from a real link supervisor (tests/link_supervisor.py): "loop" is
+    up, "dead" (its peer's port closed) is marked down with its error; when "dead" is
+    pointed at a listener it comes up on the open page, without a reload."""
+    from selenium.webdriver.common.by import By
+
+    from tests.link_supervisor import two_links
+
+    with two_links(stack):
+        browser.get(stack.http + "/admin/")
+        loop, dead = '#ops-links tr[data-link="loop"]', '#ops-links tr[data-link="dead"]'
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, loop + '[data-state="up"]')
+                   and browser.find_elements(By.CSS_SELECTOR, dead + '[data-state="down"]'),
+                   timeout=90, what="loop up and dead down on the overview")
+        row = browser.find_element(By.CSS_SELECTOR, dead)
+        state = row.find_elements(By.CSS_SELECTOR, "td")[2]
+        assert state.text == "DOWN" and "ops-bad" in state.get_attribute("class")
+        error = row.find_element(By.CSS_SELECTOR, "td.ops-error").text
+        assert error and "ops-bad" in row.find_element(
+            By.CSS_SELECTOR, "td.ops-error").get_attribute("class")
+        up = browser.find_element(By.CSS_SELECTOR, loop).find_elements(By.CSS_SELECTOR, "td")
+        assert up[2].text == "up" and "ops-ok" in up[2].get_attribute("class")
+        assert f"alice@{stack.smqp.host}:{stack.smqp.port}" in up[1].text
+        # The figures are the store's (the same service as the REST API's).
+        store = {x["name"]: x for x in stack.store(
+            "from broker.services import stats\nresult = stats.links()")}
+        assert up[3].text == str(store["loop"]["backlog"])
+        assert browser.find_element(By.CSS_SELECTOR, dead).find_elements(
+            By.CSS_SELECTOR, "td")[3].text == "\u2013"  # no peer account: no backlog figure
+        shoot("7-links-one-down")
+        # Repaired while the page is open: the next refresh shows it up.
+        stack.smqp.manage("link", "add", "dead", "--update", "--host", stack.smqp.host,
+                          "--port", str(stack.smqp.port), "--account", "alice",
+                          "--password", "pw")
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, dead + '[data-state="up"]'),
+                   timeout=90, what="the repaired link up on the open page")
+        assert browser.find_element(By.CSS_SELECTOR, dead).find_element(
+            By.CSS_SELECTOR, "td.ops-error").text == ""
+        shoot("8-links-all-up")

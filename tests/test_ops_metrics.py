@@ -112,7 +112,7 @@ result = {
         assert row == {"path": "/ops/a", "messages": PUBLISHED, "pending": PUBLISHED - ACKED,
                        "locked": 0, "dead": 0}
         assert snap["sessions"] == {"total": 2, "by_door": {"smqp": 2}}
-        assert snap["links"] is None
+        assert snap["links"] == []  # no federation link registered here
         detail = stack.store(
             "from broker.services import stats\nresult = stats.topic_detail('/ops/a')")
         assert sum(detail["rates"]["publish"]) == PUBLISHED
@@ -194,3 +194,36 @@ def test_queue_mode_lock_is_shown_with_its_session(stack):
         wait_until(lambda: stack.store("from broker.services import stats\n"
                                        "result = stats.topic_detail('/ops/q')['locks']") == [],
                    what="the lock gone after the ACK")
+
+
+def test_link_gauges(tmp_path):
+    """Per-link gauges from a real link supervisor: a link that logged in is up (1), one
+    whose peer refuses connections is down (0); the backlog is what this server holds for
+    the peer's account (bob's pending deliveries here: one message on /ops/a). Its own
+    SQLite stack: the module's shared one has no links, and its tests say so."""
+    from tests.link_supervisor import two_links
+
+    with ops_stack("sqlite", tmp_path) as stack:
+        # bob (the "loop" link's peer account) subscribes and does not ACK what alice
+        # publishes: a backlog of 1 for that link.
+        with Session(stack.smqp.host, stack.smqp.port, "bob") as bob:
+            assert bob.command("SUBSCRIBE MESSAGE /ops/a").code == 200
+        with Session(stack.smqp.host, stack.smqp.port, "alice") as alice:
+            smuid_of(alice.publish("/ops/a", "for-the-backlog"))
+        with two_links(stack):
+            s = wait_until(lambda: (lambda s: s if value(s, "smqp_link_up", link="loop") == 1
+                                    and value(s, "smqp_link_up", link="dead") == 0
+                                    else None)(scrape(stack)),
+                           timeout=90, what="loop up, dead down in /metrics")
+            assert value(s, "smqp_link_enabled", link="loop") == 1
+            assert value(s, "smqp_link_backlog", link="loop") == 1
+            # No peer account given for "dead": no backlog figure rather than a false 0.
+            assert value(s, "smqp_link_backlog", link="dead") is None
+            assert value(s, "smqp_link_stored_total", link="loop") == 0
+            assert value(s, "smqp_link_dropped_total", link="dead") == 0
+            links = {x["name"]: x for x in stack.store(
+                "from broker.services import stats\nresult = stats.links()")}
+            assert links["dead"]["state"] == "down" and links["dead"]["last_error"]
+            assert links["loop"]["state"] == "up" and links["loop"]["backlog"] == 1
+        # Removed: its series go with it.
+        assert not [k for k in scrape(stack) if k[0].startswith("smqp_link_")]

@@ -112,6 +112,34 @@ class BrokerCollector(Collector):
             sessions.add_metric([door], n)
         yield sessions
 
+        yield from self._links()
+
+    def _links(self) -> Iterator[Metric]:
+        """Per federation link (profile §9.5): up or not, and what this server holds for
+        the peer (its backlog); the counters the supervisor keeps in the link's row."""
+        up = GaugeMetricFamily("smqp_link_up", "1 while the federation link's session to "
+                               "its peer is up (logged in), else 0.", labels=["link"])
+        enabled = GaugeMetricFamily("smqp_link_enabled", "1 when the link is enabled.",
+                                    labels=["link"])
+        backlog = GaugeMetricFamily(
+            "smqp_link_backlog", "Messages this server holds for the link's peer (pending "
+            "deliveries to its account here); absent without a peer account.",
+            labels=["link"])
+        stored = CounterMetricFamily("smqp_link_stored", "Messages received over the link "
+                                     "and stored here.", labels=["link"])
+        dropped = CounterMetricFamily("smqp_link_dropped", "Messages received over the link "
+                                      "and dropped (loop, duplicate, Depth, imports).",
+                                      labels=["link"])
+        for link in stats.links():
+            name = [link["name"]]
+            up.add_metric(name, 1 if link["up"] else 0)
+            enabled.add_metric(name, 1 if link["enabled"] else 0)
+            if link["backlog"] is not None:
+                backlog.add_metric(name, link["backlog"])
+            stored.add_metric(name, link["stored"])
+            dropped.add_metric(name, link["dropped"])
+        yield from (up, enabled, backlog, stored, dropped)
+
 
 def _allowed(request: HttpRequest) -> bool:
     mode = settings.SMQP_METRICS

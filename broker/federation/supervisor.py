@@ -23,6 +23,18 @@ def _load() -> list[LinkConfig]:
     return [LinkConfig.of(link) for link in Link.objects.filter(enabled=True)]
 
 
+def _read() -> tuple[list[LinkConfig], set[int]]:
+    """The enabled links' settings and the disabled links' ids, from one query (a link
+    read as neither would be taken for removed, and withdrawn)."""
+    from django.utils import timezone
+
+    rows = list(Link.objects.all())
+    disabled = {link.pk for link in rows if not link.enabled}
+    Link.objects.filter(pk__in=disabled).exclude(state=Link.State.DISABLED).update(
+        state=Link.State.DISABLED, last_change=timezone.now())
+    return [LinkConfig.of(link) for link in rows if link.enabled], disabled
+
+
 def _disable(link_ids: list[int]) -> None:
     for link_id in link_ids:
         rules.record_state(link_id, Link.State.DISABLED)
@@ -42,14 +54,16 @@ class Supervisor:
             await self.stop_all()
 
     async def reconcile(self) -> None:
-        configs = {c.id: c for c in await dbthread.run(_load)}
+        enabled, disabled = await dbthread.run(_read)
+        configs = {c.id: c for c in enabled}
         gone, stopped = [], False
         for link_id, (session, task) in list(self.sessions.items()):
             config = configs.get(link_id)
             if config is None or not config.same_settings(session.config) or task.done():
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     logger.error("link %s ended: %r", session.config.name, task.exception())
-                if config is None:  # removed (not merely disabled): nothing is kept there
+                removed = config is None and link_id not in disabled
+                if removed:  # removed (not merely disabled): nothing is kept there
                     await self.sessions[link_id][0].withdraw()
                 await self._stop(link_id)
                 stopped = True

@@ -42,7 +42,7 @@ from topics.models import Topic
 from topics.tree import Node
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, not_found, notify
+from . import ServiceError, bad_request, conflict, not_found, notify
 from . import topics as topic_service
 from .deliveries import effective, receive_right
 from .prepare import too_large
@@ -314,6 +314,120 @@ def backlog(link: Link) -> int | None:
         state__in=[Delivery.State.PENDING, Delivery.State.NOTIFIED]).count()
 
 
-__all__ = ["Accepted", "Published", "accept_forwarded", "backlog", "imported", "interest",
-           "make_link_topic", "own_context", "parse_imports", "prepare_link_topics",
-           "record_counts", "record_state"]
+# ------------------------------------------------------------- registering links (§9.5)
+# "An administrator registers links (admin, REST, manage.py link)": the rules of a link's
+# registration are here once, for ``manage.py link`` and the REST API alike.
+
+#: What an administrator may set on a link (the rest is the supervisor's to write).
+LINK_SETTINGS = ("host", "port", "account", "password", "imports", "tls", "tls_ca",
+                 "tls_server_name", "peer_account", "enabled")
+
+
+def find_link(name: str) -> Link:
+    """The link named ``name`` (case-insensitive, as topic segments are); 404 otherwise."""
+    link = (Link.objects.select_related("peer_account").filter(name__iexact=name).first()
+            if name and "\x00" not in name else None)
+    if link is None:
+        raise not_found(f"link {name}")
+    return link
+
+
+def links() -> list[Link]:
+    return list(Link.objects.select_related("peer_account").order_by("name"))
+
+
+def save_link(name: str, *, create: bool, **changes) -> Link:
+    """Register the link ``name`` (``create``: it must be new) or change it (it must exist):
+    ``changes`` holds only the settings given (:data:`LINK_SETTINGS`); the others keep their
+    value (a new link: the model's defaults). A password not given stays as it was: it is
+    never shown back, so an edit cannot repeat it. ``peer_account`` is a username (or "" /
+    None for none). ServiceError 400 for a setting the link cannot have, 404 / 409 for a
+    link that is not there / already is. The running supervisor picks the change up within
+    ``SMQP_LINK_RELOAD_SECONDS``."""
+    from django.core.exceptions import ValidationError
+
+    from accounts.models import Account
+
+    unknown = set(changes) - set(LINK_SETTINGS)
+    if unknown:
+        raise bad_request(f"not a link setting: {', '.join(sorted(unknown))}")
+    if create:
+        try:
+            Link(name=name).clean()  # a name no link can have is not looked up
+        except ValidationError as exc:
+            raise bad_request("; ".join(exc.messages)) from None
+    elif not name or "\x00" in name:
+        raise not_found(f"link {name}")
+    with transaction.atomic():
+        link = Link.objects.select_for_update().filter(name__iexact=name).first()
+        if create and link is not None:
+            raise conflict(f"link {link.name} exists")
+        if not create and link is None:
+            raise not_found(f"link {name}")
+        link = link or Link(name=name)
+        if "imports" in changes:
+            given = changes.pop("imports")
+            text = ",".join(given) if isinstance(given, list | tuple) else str(given or "")
+            try:
+                parsed = parse_imports(text or "/*")
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+            link.imports = ", ".join(str(p) for p in parsed)
+        if "peer_account" in changes:
+            peer_name = changes.pop("peer_account") or ""
+            peer = None
+            if peer_name:
+                peer = Account.objects.filter(username_key=peer_name.casefold()).first()
+                if peer is None:
+                    raise bad_request(f"no account {peer_name!r} here")
+            link.peer_account = peer
+        if "port" in changes and not 1 <= int(changes["port"]) <= 65535:
+            raise bad_request("port: 1 to 65535")
+        for field in ("host", "account", "password", "tls_ca", "tls_server_name"):
+            # They go out on the SMQP wire (LOGIN) or into a file name: one clean line.
+            if any(ord(c) < 32 or ord(c) == 127 for c in str(changes.get(field) or "")):
+                raise bad_request(f"{field}: no control characters")
+        for field, value in changes.items():
+            setattr(link, field, value)
+        try:
+            link.full_clean()
+        except ValidationError as exc:
+            raise bad_request("; ".join(exc.messages)) from None
+        link.save()
+    return link
+
+
+def remove_link(name: str) -> None:
+    """Remove a link. The supervisor then unsubscribes on the peer what the link held
+    there, so the peer stops keeping messages for it."""
+    deleted, _ = Link.objects.filter(pk=find_link(name).pk).delete()
+    if not deleted:
+        raise not_found(f"link {name}")
+
+
+def link_data(link: Link) -> dict:
+    """A link as the REST API, ``manage.py link list``, the overview and ``/metrics`` show
+    it: its settings (never its password: ``password_set`` says whether one is stored),
+    the supervisor's state, counters, last error, and this server's backlog for the
+    peer."""
+    return {
+        "name": link.name, "host": link.host, "port": link.port, "tls": link.tls,
+        "tls_ca": link.tls_ca, "tls_server_name": link.tls_server_name,
+        "account": link.account, "password_set": bool(link.password),
+        "imports": [p.strip() for p in link.imports.split(",") if p.strip()],
+        "peer_account": link.peer_account.username if link.peer_account_id else None,
+        "enabled": link.enabled, "state": link.state,
+        "up": link.state == Link.State.UP,
+        "last_error": link.last_error or None,
+        "last_change": link.last_change.isoformat() if link.last_change else None,
+        "last_connected": link.last_connected.isoformat() if link.last_connected else None,
+        "stored": link.stored, "dropped": link.dropped,
+        "subscribed": [p for p in link.subscribed.split("\n") if p],
+        "backlog": backlog(link),
+    }
+
+
+__all__ = ["LINK_SETTINGS", "Accepted", "Published", "accept_forwarded", "backlog",
+           "find_link", "imported", "interest", "link_data", "links", "make_link_topic",
+           "own_context", "parse_imports", "prepare_link_topics", "record_counts",
+           "record_state", "remove_link", "save_link"]

@@ -16,7 +16,6 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import redis
-from django.apps import apps
 from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
@@ -169,13 +168,13 @@ def dead_letters(limit: int = RECENT_DEAD) -> list[dict]:
             for d in rows]
 
 
-def links() -> list[dict] | None:
-    """Federation links, when a ``Link`` model is installed (another branch's); None
-    when there is none. Its states are for the federation's own code to fill in."""
-    for model in apps.get_models():
-        if model.__name__ == "Link":
-            return []
-    return None
+def links() -> list[dict]:
+    """Federation links with their state, counters, last error and backlog (as the REST
+    API shows them: :func:`.federation.link_data`), from the ``Link`` rows the supervisor
+    writes."""
+    from . import federation
+
+    return [federation.link_data(link) for link in federation.links()]
 
 
 def snapshot() -> dict:
@@ -200,7 +199,8 @@ def snapshot() -> dict:
                          "journal_backlog", "publish_queue",
                          "storage_processes": [{"name", "pid", "alive", "waiting",
                                                 "starts"}]}],
-          "links": None | [],                # None: no federation installed
+          "links": [{"name", "host", "port", "state", "up", "enabled", "backlog",
+                     "stored", "dropped", "last_error", "last_change", ...}],
           "counters_unavailable": None | "Redis: ...",  # then rates, totals, group
         }                                    # commits are 0 and listeners empty
     """

@@ -11,13 +11,9 @@ The running supervisor (``runlinks``, or ``runbroker``) picks a change up within
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
 
-from accounts.models import Account
-from broker.models import Link
-from broker.services import federation
+from broker.services import ServiceError, federation
 
 
 class Command(BaseCommand):
@@ -47,39 +43,28 @@ class Command(BaseCommand):
     def handle(self, *args, action: str, **opts) -> None:
         getattr(self, f"_{action}")(**opts)
 
-    @transaction.atomic
     def _add(self, name: str, host: str, port: int, account: str, password: str,
              imports: list[str], tls: bool, ca: str, server_name: str, peer_account: str,
              disabled: bool, update: bool, **_) -> None:
-        link = Link.objects.filter(name__iexact=name).first()
-        if link is not None and not update:
-            raise CommandError(f"link {link.name!r} exists (use --update)")
-        link = link or Link(name=name)
-        peer = None
-        if peer_account:
-            peer = Account.objects.filter(username_key=peer_account.casefold()).first()
-            if peer is None:
-                raise CommandError(f"no account {peer_account!r} here")
+        # The rules (a new name, valid imports, a known peer account) are the service's,
+        # which the REST API calls too.
         try:
-            parsed = federation.parse_imports(",".join(imports) or "/*")
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
-        link.host, link.port, link.account, link.password = host, port, account, password
-        link.imports = ", ".join(str(p) for p in parsed)
-        link.tls, link.tls_ca, link.tls_server_name = tls, ca, server_name
-        link.peer_account = peer
-        link.enabled = not disabled
-        try:
-            link.full_clean()
-        except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from exc
-        link.save()
+            link = federation.save_link(
+                name, create=not update, host=host, port=port, account=account,
+                password=password, imports=imports or ["/*"], tls=tls, tls_ca=ca,
+                tls_server_name=server_name, peer_account=peer_account,
+                enabled=not disabled)
+        except ServiceError as exc:
+            if exc.code == 409:
+                raise CommandError(f"link {name!r} exists (use --update)") from None
+            raise CommandError(exc.text) from None
         self.stdout.write(f"link {link.name} -> {account}@{host}:{port} "
                           f"({'SMQPS' if tls else 'SMQP'}), imports {link.imports}")
 
     def _list(self, **_) -> None:
-        for link in Link.objects.select_related("peer_account"):
-            backlog = federation.backlog(link)
+        for link in federation.links():
+            d = federation.link_data(link)
+            backlog = d["backlog"]
             self.stdout.write(
                 f"{link.name}\t{link.account}@{link.host}:{link.port}"
                 f"{' SMQPS' if link.tls else ''}\t{link.state}"
@@ -89,7 +74,8 @@ class Command(BaseCommand):
                 + (f"\terror: {link.last_error}" if link.last_error else ""))
 
     def _remove(self, name: str, **_) -> None:
-        deleted, _ = Link.objects.filter(name__iexact=name).delete()
-        if not deleted:
-            raise CommandError(f"no link {name!r}")
+        try:
+            federation.remove_link(name)
+        except ServiceError:
+            raise CommandError(f"no link {name!r}") from None
         self.stdout.write(f"link {name} removed")

@@ -129,6 +129,21 @@
 
     const links = document.getElementById("ops-links-section");
     links.hidden = s.links === null;
+    // A link that is not up (and not disabled on purpose) is marked: it is what an
+    // operator must look at (its peer keeps queueing meanwhile: the backlog).
+    const linkRows = (s.links || []).length ? s.links.map((k) => {
+      const tr = el("tr", { "data-link": k.name, "data-state": k.state });
+      const down = k.enabled && !k.up;
+      const state = el("td", { class: down ? "ops-bad" : (k.up ? "ops-ok" : "") },
+        k.up ? "up" : (k.enabled ? k.state.toUpperCase() : "disabled"));
+      const error = el("td", { class: down ? "ops-bad ops-error" : "ops-error" }, down || !k.up ? (k.last_error || "") : "");
+      tr.append(el("td", {}, k.name), el("td", {}, `${k.account}@${k.host}:${k.port}${k.tls ? " (SMQPS)" : ""}`), state,
+        el("td", { class: "num" }, k.backlog === null ? "–" : k.backlog), el("td", { class: "num" }, k.stored),
+        el("td", { class: "num" }, k.dropped),
+        el("td", {}, k.last_change ? k.last_change.slice(0, 19).replace("T", " ") : ""), error);
+      return tr;
+    }) : [(() => { const tr = el("tr"); tr.append(el("td", { colspan: 8 }, "No links.")); return tr; })()];
+    fill(document.querySelector("#ops-links tbody"), linkRows);
 
     document.getElementById("ops-updated").textContent = "updated " + s.generated.slice(11, 19) + " UTC" +
       (s.counters_unavailable ? " (rates unavailable: " + s.counters_unavailable + ")" : "");
