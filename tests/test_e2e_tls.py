@@ -539,9 +539,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_runbroker_serves_https_with_the_smqps_certificate(tls_env, ca) -> None:
-    """With SMQP_TLS_CERT set, runbroker's Daphne serves the admin over HTTPS (TLS 1.2+) with
-    the same certificate, beside plain HTTP."""
+def test_runbroker_serves_https_and_wss_with_the_smqps_certificate(tls_env, ca) -> None:
+    """With SMQP_TLS_CERT set, runbroker's Daphne serves the admin over HTTPS (TLS 1.2+) and
+    the XMPP door over wss:// with the same certificate, beside plain HTTP."""
     env, base = tls_env
     ports = {name: _free_port() for name in ("http", "https", "smqp", "smqps", "qqp", "qqps")}
     log_path = base / f"runbroker-{uuid.uuid4().hex[:6]}.log"
@@ -573,6 +573,21 @@ def test_runbroker_serves_https_with_the_smqps_certificate(tls_env, ca) -> None:
         assert page.startswith(b"HTTP/1.1 200"), page[:200]
         assert b"csrfmiddlewaretoken" in page
         assert f"HTTPS and wss:// on 127.0.0.1:{ports['https']}" in log_path.read_text()
+        # wss:// for the XMPP door on the same port: a SCRAM login binds a resource.
+        from tests.xmpp_session import XmppSession
+
+        session = XmppSession(f"wss://localhost:{ports['https']}/xmpp-websocket",
+                              sslopt={"context": client_context(ca)})
+        try:
+            assert session.login("bob", "pw", resource="tls", scram=True).startswith("bob@")
+            assert session.iq("get", "<ping xmlns='urn:xmpp:ping'/>", to=None).get(
+                "type") == "result"
+        finally:
+            session.close()
+        # The same door refuses a client that does not trust the certificate.
+        with pytest.raises(ssl.SSLError):
+            XmppSession(f"wss://localhost:{ports['https']}/xmpp-websocket",
+                        sslopt={"context": ssl.create_default_context()})
         # A client willing to do TLS 1.1 (its own security level lowered): Daphne refuses.
         old = client_context(ca)
         old.set_ciphers("DEFAULT:@SECLEVEL=0")

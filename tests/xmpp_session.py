@@ -86,10 +86,11 @@ class XmppSession:
 
     _ids = itertools.count(1)
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, sslopt: dict | None = None) -> None:
         self.url = url
         self.timeout = timeout
-        self.ws = websocket.create_connection(url, subprotocols=["xmpp"], timeout=timeout)
+        self.ws = websocket.create_connection(url, subprotocols=["xmpp"], timeout=timeout,
+                                              sslopt=sslopt)
         self.frames: list[ET.Element] = []
         self.pending: list[ET.Element] = []  # received, not yet taken by an expect
         self.jid = ""
