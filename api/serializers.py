@@ -531,3 +531,35 @@ class LinkCreateSerializer(LinkChangeSerializer):
     name = serializers.CharField(max_length=64)
     host = serializers.CharField(max_length=255)
     account = serializers.CharField(max_length=150)
+
+
+# ----------------------------------------------------------------------- usage reports
+
+
+class ReportTableSerializer(serializers.Serializer):
+    title = serializers.CharField()
+    headers = serializers.ListField(child=serializers.CharField())
+    rows = serializers.ListField(child=serializers.ListField(child=serializers.JSONField()),
+                                 help_text="One list per row, in the order of `headers`.")
+
+
+class ReportSummarySerializer(serializers.Serializer):
+    day = serializers.DateField(help_text="The UTC day the report counts.")
+    state = serializers.CharField(help_text="running, done or failed.")
+    trigger = serializers.CharField(help_text="beat, runreport, ...")
+    started = serializers.DateTimeField(allow_null=True)
+    finished = serializers.DateTimeField(allow_null=True)
+    events = serializers.IntegerField(help_text="Usage events the job read.")
+    sessions_peak = serializers.IntegerField()
+    subscribers_peak = serializers.IntegerField()
+    totals = serializers.DictField(child=serializers.IntegerField(),
+                                   help_text="The day's totals: published, delivered, acked, "
+                                             "expired, dead, republished, bytes_in, bytes_out.")
+    error = serializers.CharField(allow_blank=True)
+
+
+class ReportSerializer(ReportSummarySerializer):
+    tables = serializers.DictField(
+        child=ReportTableSerializer(),
+        help_text="hourly, doors, top-topics, top-accounts, latency, dead-letters, subtrees, "
+                  "topics, accounts: the tables of the admin's report page.")

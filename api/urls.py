@@ -84,6 +84,8 @@ v1 = [
     path("accounts/", offthread(views.AccountsView)),
     path("accounts/<str:name>", offthread(views.AccountView)),
     path("stats/", offthread(views.StatsView)),
+    path("reports/", offthread(views.ReportsView)),
+    path("reports/<str:day>", offthread(views.ReportView)),
     path("links/", offthread(views.LinksView)),
     path("links/<str:name>", offthread(views.LinkView)),
     # Anything else under /api/v1/ is a problem document too, not Django's HTML page.

@@ -10,6 +10,7 @@ import json
 import re
 import time
 import uuid
+from datetime import date
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -38,6 +39,8 @@ from broker.services import topics as topic_service
 from broker.services.prepare import PublishRequest
 from broker.services.selectors import compile_selector
 from broker.store import opsmetrics
+from spark_jobs import tables as report_tables
+from spark_jobs.models import UsageReport
 from topics.tree import Node
 from ual.resolution import AccessSnapshot, snapshot_for
 
@@ -624,6 +627,57 @@ class StatsView(APIView):
         """Message rates, queue depths, sessions per door, dead letters, group commits and
         listeners: what the operators' overview shows (broker.services.stats.snapshot)."""
         return Response(stats_service.snapshot())
+
+
+def report_data(report, tables: bool = False) -> dict:
+    totals = report.usage.filter(dim="total", hour__isnull=True).values(*report_tables.METRICS)
+    data = {"day": report.day, "state": report.state, "trigger": report.trigger,
+            "started": report.started, "finished": report.finished, "events": report.events,
+            "sessions_peak": report.sessions_peak, "subscribers_peak": report.subscribers_peak,
+            "totals": dict(totals[0]) if totals else {m: 0 for m in report_tables.METRICS},
+            "error": report.error}
+    if tables:
+        data["tables"] = report_tables.report_tables(report)
+    return data
+
+
+class ReportsView(APIView):
+    """The nightly usage reports (spark_jobs). Staff only, as in the admin: they name every
+    topic and account."""
+
+    permission_classes = [Staff]
+
+    @extend_schema(operation_id="reports_list", parameters=[pagination.PageQuery],
+                   responses=pagination.paged(s.ReportSummarySerializer))
+    def get(self, request: Request) -> Response:
+        """The reports, newest day first, each with the day's totals."""
+        after, limit = pagination.params(request, str)
+        rows = UsageReport.objects.order_by("-day")
+        if after is not None:
+            try:
+                rows = rows.filter(day__lt=date.fromisoformat(after))
+            except ValueError:
+                return problem(400, "Bad request (invalid cursor)", 400)
+        items = list(rows[:limit + 1])
+        more = len(items) > limit
+        items = items[:limit]
+        return pagination.page(request, [report_data(r) for r in items],
+                               items[-1].day.isoformat() if more else None)
+
+
+class ReportView(APIView):
+    permission_classes = [Staff]
+
+    @extend_schema(operation_id="reports_retrieve", responses=s.ReportSerializer)
+    def get(self, request: Request, day: str) -> Response:
+        """One day's report (``YYYY-MM-DD``, UTC) with every table of its admin page."""
+        try:
+            report = UsageReport.objects.filter(day=date.fromisoformat(day)).first()
+        except ValueError:
+            report = None
+        if report is None:
+            return problem(404, "Not found (no report for that day)", 404)
+        return Response(report_data(report, tables=True))
 
 
 @extend_schema(exclude=True)
