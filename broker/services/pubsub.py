@@ -244,7 +244,7 @@ def lease_of(options: dict[str, list[str]] | None, now: datetime | None = None) 
     value = _option(options, EXPIRE)
     if value is None:
         return None
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # (str.isdigit alone takes "²")
         seconds = int(value)
     else:
         try:
