@@ -371,3 +371,30 @@ def test_xmpp_publishes_and_deliveries_are_counted(xmpp):
     finally:
         publisher.close()
         reader.close()
+
+
+def test_two_selectors_on_one_node_and_its_removal(xmpp):
+    """Each selector is a subscription of its own (own subid; a message both match comes
+    once); deleting the node ends both, each with subscription='none' (reason removed)."""
+    _, url = xmpp
+    path = f"/cnt/r{uuid.uuid4().hex[:8]}"
+    owner, reader = session(url, "bob"), session(url, "jtegen")
+    try:
+        ok(owner.pubsub("set", f"<create node='{path}'/>"))
+        subids = set()
+        for selector in ("JMS X_N IS NULL", "LDAP (!(x-n=*))"):
+            reply = ok(subscribe(reader, path, selector=selector))
+            subids.add(reply.find(f"{tag(PUBSUB, 'pubsub')}/{tag(PUBSUB, 'subscription')}")
+                       .get("subid"))
+        assert len(subids) == 2
+        ok(owner.pubsub("set", f"<publish node='{path}'><item id='both'>"
+                               "<n xmlns='urn:t'>1</n></item></publish>"))
+        _, item = reader.event("item", timeout=30, node=path)
+        assert item.get("id") == "both"
+        assert no_item(reader, 1.5)  # matched by both selectors, delivered once
+        ok(owner.pubsub("set", f"<delete node='{path}'/>", owner=True))
+        reasons = [ended_fields(ended(reader)) for _ in range(2)]
+        assert reasons == [(path, bare(reader), "none", "removed")] * 2
+    finally:
+        owner.close()
+        reader.close()
