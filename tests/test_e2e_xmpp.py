@@ -174,7 +174,7 @@ def test_bind_is_a_login_session_that_ends_with_the_stream(xmpp):
     s = session(url, "jtegen", resource="admin-view")
     script = ("from accounts.models import LoginSession as L\n"
               "print(L.objects.filter(account__username='jtegen', ended__isnull=True,"
-              " auth_method__startswith='XMPP').count())")
+              " auth_method__startswith='xmpp:').count())")
     assert broker.manage("shell", "--no-imports", "-c", script).stdout.strip() == "1"
     s.send(f"<close xmlns='{FRAMING}'/>")
     assert s.expect(lambda e: e.tag == tag(FRAMING, "close")) is not None

@@ -16,6 +16,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from xml.sax.saxutils import escape
 
 import pytest
 import websocket
@@ -139,6 +140,7 @@ def stanza_frame(k: int, rng: random.Random, node: str) -> tuple[str, str, bool]
         f"<pubsub xmlns='{PUBSUB}'><bogus/></pubsub>",
         "<query xmlns='urn:unknown:thing'/>",
         f"<pubsub xmlns='{PUBSUB}'/>",
+        selector_subscribe(rng, rng.choice([node, wrong])),
     ]
     body = rng.choice(bodies)
     kind = rng.choice(["get", "set"])
@@ -155,6 +157,29 @@ def stanza_frame(k: int, rng: random.Random, node: str) -> tuple[str, str, bool]
     frame = (f"<iq xmlns='{CLIENT}' type='{kind}' id='{iq_id}' to='pubsub.localhost'>"
              f"{body}</iq>")
     return frame, iq_id, stores and kind == "set"
+
+
+SELECTOR_PIECES = ["(", ")", "=", "<", ">", "&", "|", "!", "*", "'", "%", "_", " ", "X_N",
+                   "x-n", "AND", "OR", "NOT", "LIKE", "IN", "BETWEEN", "IS NULL", "\\", "1",
+                   "2.5e3", "\u00e9", "\x00"]
+
+
+def selector_subscribe(rng: random.Random, node: str) -> str:
+    """A subscribe of this stream's own JID with a damaged ``pubsub#selector`` and
+    ``pubsub#expire`` (the XMPP door's selector and lease options)."""
+    text = "".join(rng.choice(SELECTOR_PIECES) for _ in range(rng.randint(0, 30)))
+    text = text.replace("\x00", "")  # not a character XML may carry at all
+    selector = rng.choice(["JMS", "LDAP", "RFC-2254", "XPATH", "jms", ""]) + " " + text
+    # A damaged expire is refused before the selector is looked at: only now and then.
+    expire = rng.choice(["1", "0", "-1", "tomorrow", "2999-01-01T00:00:00Z",
+                         "1970-01-01T00:00:00Z", "99999999999999999999", "\u00b2"]
+                        ) if rng.random() < 0.3 else ""
+    fields = f"<field var='pubsub#selector'><value>{escape(selector)}</value></field>"
+    if expire:
+        fields += f"<field var='pubsub#expire'><value>{expire}</value></field>"
+    return (f"<pubsub xmlns='{PUBSUB}'><subscribe node='{node}' jid='bob@localhost'/>"
+            f"<options node='{node}' jid='bob@localhost'><x xmlns='jabber:x:data' "
+            f"type='submit'>{fields}</x></options></pubsub>")
 
 
 def one_pre_auth(url: str, frame: str | bytes) -> str:
@@ -219,6 +244,7 @@ def test_ten_thousand_mutated_frames(xmpp):
 
     # Authenticated streams: every IQ gets its answer, the stream stays up.
     stored = 0
+    selector_outcomes: dict[str, int] = {}
     streams = [session(url, "bob", resource=f"fz{i}") for i in range(3)]
     for k in range(STANZA_FRAMES):
         s = streams[k % 3]
@@ -228,12 +254,20 @@ def test_ten_thousand_mutated_frames(xmpp):
         assert reply.get("type") in ("result", "error"), ET.tostring(reply, "unicode")
         if stores and reply.get("type") == "result":
             stored += 1
+        if "pubsub#selector" in frame and f"node='{node}'" in frame:
+            text = "".join(reply.itertext())
+            outcome = ("accepted" if reply.get("type") == "result" else
+                       "566" if "566 " in text else "567" if "567 " in text else "other")
+            selector_outcomes[outcome] = selector_outcomes.get(outcome, 0) + 1
         if k % 500 == 0:  # the bystander is served meanwhile
             publish(owner, node, f"<tick xmlns='urn:t'>{k}</tick>", f"tick{k}")
             stored += 1
             wait_item(bystander, node, f"tick{k}")
     for s in streams:
         s.close()
+    # The selector options were refused for both reasons, and taken when well-formed.
+    assert selector_outcomes.get("566") and selector_outcomes.get("567"), selector_outcomes
+    assert selector_outcomes.get("accepted"), selector_outcomes
 
     # Nothing partial: the node holds exactly the publishes answered with a result.
     rows = store_rows(broker.env, (

@@ -154,3 +154,16 @@ def test_plain_is_offered_as_smqp_xmpp_plain_says(settings, policy, tls, peer, a
 
     settings.SMQP_XMPP_PLAIN = policy
     assert xmpp_plain_allowed(tls, peer) is allowed
+
+
+@given(st.text(min_size=1, max_size=40), st.sampled_from(["lease", "revoked", "removed", ""]))
+def test_subscription_state_notification_parses_back(node, reason):
+    node = "".join(c for c in node if c.isprintable()) or "/n"
+    text = s.subscription_event("pubsub.localhost", "bob@localhost/r", node,
+                                "bob@localhost", reason)
+    element = ET.fromstring(text)
+    sub = element.find(f"{{{s.PUBSUB_EVENT}}}event/{{{s.PUBSUB_EVENT}}}subscription")
+    assert (sub.get("node"), sub.get("jid"), sub.get("subscription")) == (
+        node, "bob@localhost", "none")
+    why = element.find(f"{{{s.SUBSCRIPTION_REASON}}}reason")
+    assert (why.text if why is not None else "") == reason

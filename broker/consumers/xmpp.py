@@ -47,6 +47,7 @@ from broker.services import pubsub as pubsub_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.services.deliveries import NO_PRIORITY
+from broker.services.selectors import SelectorError
 from broker.store import dbthread
 from broker.xmpp import payload as xpayload
 from broker.xmpp import stanzas as s
@@ -78,6 +79,10 @@ def _handler_name(command: Any) -> str:
 def _fault(exc: ServiceError) -> s.IqFault:
     if isinstance(exc, pubsub_service.OptionsRequired):
         return s.IqFault("not-acceptable", "configuration-required")
+    if isinstance(exc, SelectorError):
+        # XEP-0060 §6.3.5: options that cannot be accepted are bad-request + invalid-options;
+        # the text keeps SMQP's code and column (566 / 567, profile §9.2).
+        return s.IqFault("bad-request", "invalid-options", text=f"{exc.code} {exc.text}")
     condition = CONDITIONS.get(exc.code, "internal-server-error" if exc.code >= 500
                                else "bad-request")
     pubsub = "payload-too-big" if exc.code == 414 else None
@@ -472,7 +477,7 @@ class XMPPConsumer(AsyncConsumer):
     def _begin_session(self, account: Account) -> LoginSession:
         freshness.caches_were_stale()
         return auth_service.begin_session(account, peer=self.peer,
-                                          method=f"XMPP {self._method}")
+                                          method=f"xmpp:{self._method}")
 
     async def iq_session(self, cmd: s.Session, iq: s.Iq) -> str:
         return ""
@@ -544,7 +549,10 @@ class XMPPConsumer(AsyncConsumer):
         self._pubsub_target(iq)
         self._check_jid(cmd.jid)
         requests = await self._as_account(pubsub_service.subscribe, cmd.node, cmd.options)
-        subid = hashlib.sha1(f"{self.account_id}:{cmd.node.casefold()}".encode()).hexdigest()
+        # One subscription per (node, selector) (profile §9.2): the selector is in the subid.
+        selector = pubsub_service.selector_of(cmd.options) or ("", "")
+        subid = hashlib.sha1(f"{self.account_id}:{cmd.node.casefold()}:{selector[0].upper()}:"
+                             f"{selector[1]}".encode()).hexdigest()
         options = None
         if requests is not None:
             key = cmd.node.casefold()
@@ -727,9 +735,24 @@ class XMPPConsumer(AsyncConsumer):
         """Account notifications from the services: an item retracted on a fan-out node."""
         if self.session is None or self.closing:
             return
-        if event.get("kind") == "xmpp_retract":
+        kind = event.get("kind")
+        if kind == "xmpp_retract":
             await self._write(s.retract_event(self.service_jid, self.jid, event["topic"],
                                               list(event["ids"])))
+        elif kind == "subscription":
+            # Profile §9.3 (lease ended, right revoked, topic removed) as XEP-0060 §7.1.3's
+            # subscription state notification. No item of that node is taken after: a
+            # queue node's worker slots here go with it.
+            pattern = event["pattern"]
+            self.queue_requests.pop(pattern.casefold(), None)
+            await self._write(s.subscription_event(self.service_jid, self.jid, pattern,
+                                                   self._bare, event.get("reason", "")))
+        elif kind == "close" and event.get("guid") == self.session.guid:
+            # The operators' console closed this session (broker.services.stats): RFC 6120
+            # §4.9.3.14 policy-violation, "a local service policy", is what an operator's
+            # decision is; reset (§4.9.3.16) would ask the client to reconnect at once.
+            # websocket_disconnect then ends the session and releases its locks.
+            await self._stream_error("policy-violation", "session closed by an operator")
 
     async def smqp_shutdown(self, event: dict) -> None:
         await self._stream_error("system-shutdown")
@@ -860,10 +883,12 @@ class XMPPConsumer(AsyncConsumer):
             while len(self.received) > RECEIVED_MEMORY:
                 self.received.popitem(last=False)
             await self._write(text)
+            self.dispatcher.metrics.count("deliver")
             mailbox.acked(smuid)  # the slot is free; the lock stays until retract/unlock
             self._arm_lock_timer()
             return
         await self._write(text)
+        self.dispatcher.metrics.count("deliver")
         # Profile §3: delivered to the account once written to one session.
         receipt = ack_service.may_want_receipt(message)
         await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,

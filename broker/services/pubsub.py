@@ -9,8 +9,10 @@ publishing it again finds and replaces the item); any other message's item id is
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
@@ -33,6 +35,11 @@ from .removal import trash_messages
 ITEM_PREFIX = "xmpp-item:"
 QUEUEING = "pubsub#queueing"
 QUEUE_REQUESTS = "pubsub#queue_requests"
+# Subscribe options beside queue_requests (SMQP-PROFILE §9.2, §9.3): the selector as
+# ``<class> <text>`` and XEP-0060's leased-subscription end (an xs:dateTime; a bare number
+# of seconds is taken too, as SMQP's LEASE).
+SELECTOR = "pubsub#selector"
+EXPIRE = "pubsub#expire"
 # Node configuration fields → the topic's queue parameters (pubsub#queueing aside).
 PARAMETERS = {
     "pubsub#item_expire": "expiry_timeout",
@@ -44,6 +51,8 @@ PARAMETERS = {
 }
 # Items given back by one ``items`` request at most (XEP-0060 lets a service cap them).
 MAX_ITEMS = 1000
+# The longest lease a subscribe option may ask for (ten years: a typo, not a lease, beyond).
+MAX_LEASE = 10 * 365 * 86400
 
 
 class OptionsRequired(ServiceError):
@@ -205,8 +214,49 @@ def subscribe(snapshot: AccessSnapshot, path: str,
             raise bad_request(f"{QUEUE_REQUESTS} is a number") from None
         if not 1 <= requests <= 10_000:
             raise bad_request(f"{QUEUE_REQUESTS} out of range")
-    subscription_service.subscribe(snapshot, "MESSAGE", TopicPattern(topic.path, False))
+    subscription_service.subscribe(snapshot, "MESSAGE", TopicPattern(topic.path, False),
+                                   lease=lease_of(options), selector=selector_of(options))
     return requests
+
+
+def _option(options: dict[str, list[str]] | None, var: str) -> str | None:
+    raw = (options or {}).get(var)
+    if not raw or not raw[0].strip():
+        return None
+    return raw[0].strip()
+
+
+def selector_of(options: dict[str, list[str]] | None) -> tuple[str, str] | None:
+    """``pubsub#selector`` = ``<class> <text>`` → (class, text) for
+    :func:`broker.services.subscriptions.subscribe` (which compiles it: 566 / 567)."""
+    value = _option(options, SELECTOR)
+    if value is None:
+        return None
+    cls, _, text = value.partition(" ")
+    if not text.strip():
+        raise bad_request(f"{SELECTOR} is '<class> <selector text>'")
+    return cls, text.strip()
+
+
+def lease_of(options: dict[str, list[str]] | None, now: datetime | None = None) -> int | None:
+    """``pubsub#expire`` → the lease in whole seconds (rounded up; 400 when it is not in
+    the future). XEP-0060 §6.3.x gives it as an xs:dateTime; seconds are accepted too."""
+    value = _option(options, EXPIRE)
+    if value is None:
+        return None
+    if value.isascii() and value.isdigit():  # (str.isdigit alone takes "²")
+        seconds = int(value)
+    else:
+        try:
+            end = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise bad_request(f"{EXPIRE} is a date-time or a number of seconds") from None
+        if end.tzinfo is None:
+            end = end.replace(tzinfo=UTC)
+        seconds = math.ceil((end - (now or datetime.now(UTC))).total_seconds())
+    if not 0 < seconds <= MAX_LEASE:
+        raise bad_request(f"{EXPIRE} must be in the future (and within {MAX_LEASE} s)")
+    return seconds
 
 
 # ------------------------------------------------------------------ items

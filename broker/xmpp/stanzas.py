@@ -484,3 +484,18 @@ def unlock_event(sender: str, to: str, node: str, item_ids: list[str]) -> str:
 def payload_text(element: Element) -> str:
     """A client's item payload as it is stored (and given back)."""
     return serialize(element)
+
+
+#: Why a subscription ended (profile §9.3), beside XEP-0060's notification, which has no
+#: place for a reason.
+SUBSCRIPTION_REASON = "urn:smqp:subscription:0"
+
+
+def subscription_event(sender: str, to: str, node: str, jid: str, reason: str) -> str:
+    """XEP-0060 §7.1.3's subscription state notification ``subscription='none'``: the
+    subscription on ``node`` ended (``reason``: lease, revoked or removed)."""
+    why = (f"<reason xmlns='{SUBSCRIPTION_REASON}'>{escape_text(reason)}</reason>"
+           if reason else "")
+    return (f"<message xmlns='{CLIENT}'{attrs(to=to, **{'from': sender})}>"
+            f"<event xmlns='{PUBSUB_EVENT}'><subscription{attrs(node=node, jid=jid)}"
+            f" subscription='none'/></event>{why}</message>")
