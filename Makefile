@@ -13,8 +13,9 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DEBIAN_FRONTEND := noninteractive
 REDIS_URL ?= redis://127.0.0.1:6379/0
-# The tests are independent: one pytest-xdist worker per core (set PYTEST_ARGS to override).
-PYTEST_ARGS ?= -n auto
+# The tests are independent: one pytest-xdist worker per core (set PYTEST_ARGS to override);
+# a module marked xdist_group runs whole on one worker.
+PYTEST_ARGS ?= -n auto --dist loadgroup
 export REDIS_URL
 
 .PHONY: help run test bench lint ruff imports services postgres browser xmpp-clients python-deps clean
