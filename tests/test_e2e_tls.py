@@ -366,15 +366,12 @@ def wait_for(condition, broker: Listener, seconds: float = 15) -> None:
 # --- SCRAM-SHA-256-PLUS, password changes ------------------------------------------------------
 
 
-def scram_login(client: RawClient, user: str, password: str, method: str,
-                binding: tuple[str, object] | None = None) -> list[bytes]:
-    """A SCRAM exchange; returns the final reply (or the refusal)."""
+def scram_exchange(client: RawClient, user: str, password: str,
+                   binding: tuple[str, object] | None = None) -> list[bytes] | None:
+    """The client's side of a SCRAM exchange after the server's ``200 +``: None once the
+    server proved itself (its final ``+ ...`` line verified), else the refusal."""
     from accounts.scram import ScramClient
 
-    assert client.read_line().startswith(b"SMQP/")
-    reply = client.command(f"LOGIN {user} {method}/1.0")
-    if reply[-1] != b"200 + \r\n":
-        return reply
     scram = ScramClient(user, password, channel_binding=binding)
     client.send_line(base64.b64encode(scram.first()).decode())
     challenge = client.read_line()
@@ -385,7 +382,17 @@ def scram_login(client: RawClient, user: str, password: str, method: str,
     if not line.startswith(b"+ "):
         return [line]
     scram.verify(base64.b64decode(line[2:]))
-    return client.read_reply()
+    return None
+
+
+def scram_login(client: RawClient, user: str, password: str, method: str,
+                binding: tuple[str, object] | None = None) -> list[bytes]:
+    """A SCRAM login; returns the final reply (or the refusal)."""
+    assert client.read_line().startswith(b"SMQP/")
+    reply = client.command(f"LOGIN {user} {method}/1.0")
+    if reply[-1] != b"200 + \r\n":
+        return reply
+    return scram_exchange(client, user, password, binding) or client.read_reply()
 
 
 def end_point(client: TLSClient) -> tuple[str, object]:
@@ -447,24 +454,19 @@ def test_scram_session_changes_its_password_over_smqps(tls_env, ca) -> None:
 
 def scram_password_change(client: RawClient, user: str, old: str, new: str,
                           method: str = "SCRAM-SHA-256",
-                          binding: tuple[str, object] | None = None) -> list[bytes]:
-    """SET LOGIN PASSWORD over SCRAM: prove ``old``, then send ``new`` as a salted key."""
-    from accounts.scram import ScramClient, password_verifier
+                          binding: tuple[str, object] | None = None,
+                          new_line: str | None = None) -> list[bytes]:
+    """SET LOGIN PASSWORD over SCRAM: prove ``old``, then send ``new`` as a salted key (or
+    ``new_line`` as it is)."""
+    from accounts.scram import password_verifier
 
     reply = client.command(f"SET LOGIN PASSWORD {method}/1.0")
     if reply[-1] != b"200 + \r\n":  # after 200-OK
         return reply
-    scram = ScramClient(user, old, channel_binding=binding)
-    client.send_line(base64.b64encode(scram.first()).decode())
-    challenge = client.read_line()
-    if not challenge.startswith(b"+ "):
-        return [challenge]
-    client.send_line(base64.b64encode(scram.final(base64.b64decode(challenge[2:]))).decode())
-    line = client.read_line()
-    if not line.startswith(b"+ "):
-        return [line]
-    scram.verify(base64.b64decode(line[2:]))
-    client.send_line(password_verifier(new, 4096).decode())
+    refused = scram_exchange(client, user, old, binding)
+    if refused is not None:
+        return refused
+    client.send_line(new_line if new_line is not None else password_verifier(new, 4096).decode())
     return client.read_reply()
 
 
@@ -488,17 +490,8 @@ def test_scram_password_change_over_smqps(tls_env, ca) -> None:
         with TLSClient("127.0.0.1", port, client_context(ca)) as client:
             assert clear_login(client, "dave", "n3w-Secret-pw")[-1].startswith(b"200 Guid:")
             # A malformed new-password line: 400, and the password stays as it is.
-            assert client.command("SET LOGIN PASSWORD SCRAM-SHA-256/1.0")[-1] == b"200 + \r\n"
-            from accounts.scram import ScramClient
-
-            scram = ScramClient("dave", "n3w-Secret-pw")
-            client.send_line(base64.b64encode(scram.first()).decode())
-            challenge = client.read_line()
-            client.send_line(base64.b64encode(
-                scram.final(base64.b64decode(challenge[2:]))).decode())
-            assert client.read_line().startswith(b"+ ")
-            client.send_line("s=short,i=4096,p=AAAA")
-            assert client.read_reply()[-1].startswith(b"400 ")
+            assert scram_password_change(client, "dave", "n3w-Secret-pw", "",
+                                         new_line="s=short,i=4096,p=AAAA")[-1].startswith(b"400 ")
         with TLSClient("127.0.0.1", port, client_context(ca)) as client:
             assert scram_login(client, "dave", "n3w-Secret-pw",
                                "SCRAM-SHA-256")[-1].startswith(b"200 Guid:")
