@@ -3,7 +3,10 @@ column, 1-based, in the selector text), and the nesting bound."""
 
 from __future__ import annotations
 
-from lark import Token, Tree
+from collections.abc import Callable
+
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from .. import ServiceError
 
@@ -57,3 +60,27 @@ def check_depth(tree: Tree, max_depth: int) -> None:
 def shown(value: str, most: int = 24) -> str:
     """A piece of the selector quoted in an error reply: short, escapes visible."""
     return repr(value if len(value) <= most else value[:most] + "...")
+
+
+def parse(parser: Lark, text: str, max_depth: int,
+          refine: Callable[[UnexpectedInput, str], SelectorError | None] | None = None) -> Tree:
+    """Parse with one class's grammar; a syntax error is a 567 at its column (``refine`` may
+    name a class's own mistakes more precisely), and the tree's nesting is bounded."""
+    try:
+        tree = parser.parse(text)
+    except UnexpectedInput as exc:
+        raise (refine(exc, text) if refine else None) or syntax_error(exc, text) from None
+    check_depth(tree, max_depth)
+    return tree
+
+
+def syntax_error(exc: UnexpectedInput, text: str) -> SelectorError:
+    if isinstance(exc, UnexpectedCharacters):
+        return incorrect(f"unexpected character {text[exc.pos_in_stream]!r}", exc.column)
+    if isinstance(exc, UnexpectedToken):
+        if exc.token.type == "$END":
+            return incorrect("unexpected end", len(text) + 1)
+        return incorrect(f"unexpected {shown(exc.token.value)}", exc.column)
+    if isinstance(exc, UnexpectedEOF):
+        return incorrect("unexpected end", len(text) + 1)
+    return incorrect("syntax error", getattr(exc, "column", 1) or 1)

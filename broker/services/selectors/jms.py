@@ -21,9 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from .errors import SelectorError, check_depth, incorrect, shown
+from .errors import SelectorError, incorrect, parse
 from .like import compile_like
 from .view import MessageView, identifier_key
 
@@ -90,30 +89,9 @@ Fn = Callable[[MessageView], Any]
 BOOL, NUM, STR, ANY = "bool", "num", "str", "any"
 
 
-def parse(text: str, max_depth: int) -> Tree:
-    try:
-        tree = _PARSER.parse(text)
-    except UnexpectedInput as exc:
-        raise _syntax_error(exc, text) from None
-    check_depth(tree, max_depth)
-    return tree
-
-
-def _syntax_error(exc: UnexpectedInput, text: str) -> SelectorError:
-    if isinstance(exc, UnexpectedCharacters):
-        return incorrect(f"unexpected character {text[exc.pos_in_stream]!r}", exc.column)
-    if isinstance(exc, UnexpectedToken):
-        if exc.token.type == "$END":
-            return incorrect("unexpected end", len(text) + 1)
-        return incorrect(f"unexpected {shown(exc.token.value)}", exc.column)
-    if isinstance(exc, UnexpectedEOF):
-        return incorrect("unexpected end", len(text) + 1)
-    return incorrect("syntax error", getattr(exc, "column", 1) or 1)
-
-
 def compile_jms(text: str, max_depth: int) -> Fn:
     """The evaluator of a JMS selector: view → True / False / None (UNKNOWN)."""
-    tree = parse(text, max_depth)
+    tree = parse(_PARSER, text, max_depth)
     kind, fn = _compile(tree)
     if kind not in (BOOL, ANY):
         raise incorrect("not a condition", _column(tree))

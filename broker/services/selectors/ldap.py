@@ -27,9 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from .errors import check_depth, incorrect, shown
+from .errors import SelectorError, incorrect, parse
 from .view import MessageView, identifier_key, parse_number
 
 GRAMMAR = r"""
@@ -63,37 +63,23 @@ _SPACES = re.compile(r"\s+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 
 
-def parse(text: str, max_depth: int) -> Tree:
-    try:
-        tree = _PARSER.parse(text)
-    except UnexpectedInput as exc:
-        raise _syntax_error(exc, text) from None
-    check_depth(tree, max_depth)
-    return tree
-
-
-def _syntax_error(exc: UnexpectedInput, text: str) -> Exception:
+def _ldap_mistake(exc: UnexpectedInput, text: str) -> SelectorError | None:
+    """What RFC 4515 allows and this profile does not, or a broken escape, named as such."""
     if isinstance(exc, UnexpectedCharacters):
         ch = text[exc.pos_in_stream]
         if ch == ":":
             return incorrect("extensible match not supported", exc.column)
         if ch == "\\":
             return incorrect("bad escape (\\ takes two hex digits)", exc.column)
-        return incorrect(f"unexpected character {ch!r}", exc.column)
-    if isinstance(exc, UnexpectedToken):
-        if exc.token.type == "$END":
-            return incorrect("unexpected end", len(text) + 1)
-        if str(exc.token.value).startswith(":"):
-            return incorrect("extensible match not supported", exc.column)
-        return incorrect(f"unexpected {shown(exc.token.value)}", exc.column)
-    if isinstance(exc, UnexpectedEOF):
-        return incorrect("unexpected end", len(text) + 1)
-    return incorrect("syntax error", getattr(exc, "column", 1) or 1)
+    elif (isinstance(exc, UnexpectedToken) and exc.token.type != "$END"
+          and str(exc.token.value).startswith(":")):
+        return incorrect("extensible match not supported", exc.column)
+    return None
 
 
 def compile_ldap(text: str, max_depth: int) -> Fn:
     """The evaluator of an LDAP filter: view → True / False / None (Undefined)."""
-    tree = parse(text, max_depth)
+    tree = parse(_PARSER, text, max_depth, _ldap_mistake)
     return _compile(tree.children[0])
 
 
