@@ -11,9 +11,15 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import BrokerProcess, accounts_script, fresh_database, listener, run_manage
+from tests.conftest import (
+    BrokerProcess,
+    accounts_script,
+    daphne,
+    fresh_database,
+    listener,
+    run_manage,
+)
 from tests.smqp_session import Session
-from tests.test_e2e_admin_services import daphne
 
 
 @dataclass

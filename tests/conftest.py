@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,6 +126,42 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def daphne(env: dict[str, str], base: Path, log_name: str = "daphne.log",
+           timeout: float = 60) -> Iterator[str]:
+    """Daphne serving ``broker.asgi`` (the admin, REST, XMPP), as ``runbroker`` starts it,
+    logging to ``base/log_name``; yields its base URL once the admin login page answers."""
+    port = free_port()
+    log_path = base / log_name
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "broker.asgi:application"],
+            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/admin/login/", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("daphne did not start:\n" + log_path.read_text())
+            time.sleep(0.2)
+        yield url
+    finally:
+        stop_process(proc)
 
 
 def stop_listener(broker: BrokerProcess) -> None:

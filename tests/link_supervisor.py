@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.conftest import ROOT, run_manage, stop_process
+from tests.conftest import ROOT, free_port, run_manage, stop_process
 from tests.federation_net import FAST_LINKS
-from tests.ops_stack import OpsStack, free_port
+from tests.ops_stack import OpsStack
 
 
 @contextmanager

@@ -10,34 +10,25 @@ database (SQLite or PostgreSQL), with accounts, topics and rights for known traf
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import (
-    ROOT,
     BrokerProcess,
     accounts_script,
+    daphne,
     fresh_database,
     listener,
     run_manage,
-    stop_process,
 )
 
 METRICS_TOKEN = "ops-test-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -85,29 +76,9 @@ def ops_stack(backend: str, base: Path) -> Iterator[OpsStack]:
         run_manage(env, "grant", "bob", "/ops/a", "subscribe")
         run_manage(env, "grant", "bob", "/ops/q", "subscribe")
         run_manage(env, "grant", "jtegen", "/ops/d", "subscribe")
-        with listener(env, base, name=f"ops-{backend}") as smqp:
-            port = free_port()
-            log_path = base / f"daphne-{port}.log"
-            daphne = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                 "broker.asgi:application"],
-                env=env, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-            http = f"http://127.0.0.1:{port}"
-            try:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        with urllib.request.urlopen(f"{http}/admin/login/", timeout=2) as r:
-                            if r.status == 200:
-                                break
-                    except OSError:
-                        pass
-                    if daphne.poll() is not None or time.monotonic() > deadline:
-                        raise AssertionError("daphne did not start:\n" + log_path.read_text())
-                    time.sleep(0.2)
-                yield OpsStack(http, smqp, env)
-            finally:
-                stop_process(daphne)
+        with listener(env, base, name=f"ops-{backend}") as smqp, \
+                daphne(env, base, f"daphne-{uuid.uuid4().hex[:6]}.log") as http:
+            yield OpsStack(http, smqp, env)
 
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition", pause: float = 0.3):

@@ -11,12 +11,8 @@ Screenshots of each step are kept under ``test-artifacts/``.
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +24,10 @@ from tests.conftest import (
     BrokerProcess,
     accounts_script,
     base_env,
+    daphne,
     run_manage,
     start_listener,
     stop_listener,
-    stop_process,
 )
 from tests.smqp_client import RawClient
 
@@ -42,12 +38,6 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = ROOT / "test-artifacts" / "browser-admin"
 # Propagation of a UAL change to the SMQP process: one generation poll (0.5 s) plus slack.
 PROPAGATION_SECONDS = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -74,29 +64,10 @@ Topic.objects.create(path="/stocks/ibm", parent=stocks)
     # bob keeps seeing /stocks without the subscribe right, so a refusal is 401, not 404.
     run_manage(env, "grant", "bob", "/stocks", "publish")
     smqp = start_listener(env, base, name="browser-smqp")
-    port = free_port()
-    log = (base / "daphne.log").open("w")
-    daphne = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "broker.asgi:application"],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    http = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{http}/admin/login/", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if daphne.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("daphne did not start:\n"
-                                     + (base / "daphne.log").read_text())
-            time.sleep(0.2)
-        yield Stack(http, smqp)
+        with daphne(env, base) as http:
+            yield Stack(http, smqp)
     finally:
-        stop_process(daphne)
         stop_listener(smqp)
 
 

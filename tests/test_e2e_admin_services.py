@@ -12,29 +12,23 @@ from __future__ import annotations
 
 import http.cookiejar
 import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import (
-    ROOT,
     BrokerProcess,
     accounts_script,
+    daphne,
     fresh_database,
     listener,
     run_manage,
-    stop_process,
 )
 from tests.smqp_session import Session, smuid_of
 
@@ -53,40 +47,6 @@ Topic.objects.filter(path='/gone').update(expiry_timeout=0)
 """
 
 TOPICS = "/admin/topics/topic/"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def daphne(env: dict[str, str], base: Path) -> Iterator[str]:
-    """The admin over HTTP (Daphne, as ``runbroker`` serves it); yields its base URL."""
-    port = free_port()
-    log_path = base / "daphne.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "broker.asgi:application"],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/admin/login/", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("daphne did not start:\n" + log_path.read_text())
-            time.sleep(0.2)
-        yield url
-    finally:
-        stop_process(proc)
 
 
 class FormFields(HTMLParser):

@@ -13,10 +13,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import run_manage
+from tests.conftest import daphne, run_manage
 from tests.federation_net import Domain, prepared, wait_for
 from tests.smqp_session import Session, header, smuid_of
-from tests.test_e2e_admin_services import daphne
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -11,16 +11,14 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, base_env
+from tests.conftest import (
+    ROOT,
+    base_env,
+    free_port,
+)
 from tests.smqp_client import RawClient
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str):

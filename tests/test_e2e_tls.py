@@ -30,7 +30,14 @@ from pathlib import Path
 import pytest
 import trustme
 
-from tests.conftest import ROOT, accounts_script, fresh_database, run_manage, stop_process
+from tests.conftest import (
+    ROOT,
+    accounts_script,
+    free_port,
+    fresh_database,
+    run_manage,
+    stop_process,
+)
 from tests.smqp_client import RawClient
 
 
@@ -526,17 +533,11 @@ def test_password_change_on_plain_follows_the_clear_rule(tls_env) -> None:
 # --- HTTPS and wss:// through Daphne (runbroker) ------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_runbroker_serves_https_and_wss_with_the_smqps_certificate(tls_env, ca) -> None:
     """With SMQP_TLS_CERT set, runbroker's Daphne serves the admin over HTTPS (TLS 1.2+) and
     the XMPP door over wss:// with the same certificate, beside plain HTTP."""
     env, base = tls_env
-    ports = {name: _free_port() for name in ("http", "https", "smqp", "smqps", "qqp", "qqps")}
+    ports = {name: free_port() for name in ("http", "https", "smqp", "smqps", "qqp", "qqps")}
     log_path = base / f"runbroker-{uuid.uuid4().hex[:6]}.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import date
@@ -17,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, accounts_script, base_env, run_manage, stop_process
-from tests.test_browser_admin import CHROMEDRIVER, CHROMIUM, browser, css_loaded, free_port  # noqa: F401
+from tests.conftest import ROOT, accounts_script, base_env, daphne, run_manage
+from tests.test_browser_admin import CHROMEDRIVER, CHROMIUM, browser, css_loaded  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # three Spark runs
 
@@ -42,27 +39,8 @@ def site(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
     run_manage(env, "shell", "--no-imports", "-c", script)
     for day, _, _ in DAYS:
         run_manage(env, "runreport", "--date", str(day))
-    port = free_port()
-    log = (base / "daphne.log").open("w")
-    daphne = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "broker.asgi:application"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    http = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{http}/admin/login/", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if daphne.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("daphne did not start:\n" + (base / "daphne.log").read_text())
-            time.sleep(0.2)
+    with daphne(env, base) as http:
         yield http, env
-    finally:
-        stop_process(daphne)
 
 
 def shot(browser, name: str) -> Path:  # noqa: F811

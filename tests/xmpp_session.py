@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-import socket
-import subprocess
-import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -22,7 +19,9 @@ from pathlib import Path
 import websocket
 from scramp import ScramClient
 
-from tests.conftest import ROOT, stop_process
+from tests.conftest import (
+    daphne as start_daphne,
+)
 
 FRAMING = "urn:ietf:params:xml:ns:xmpp-framing"
 SASL = "urn:ietf:params:xml:ns:xmpp-sasl"
@@ -36,38 +35,14 @@ QUEUEING = "urn:xmpp:pubsub:queueing:0"
 SERVICE = "pubsub.localhost"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def daphne(env: dict[str, str], base: Path) -> Iterator[str]:
     """Daphne serving ``broker.asgi`` (as ``runbroker`` does); yields the XMPP endpoint."""
-    port = free_port()
-    log_path = base / f"daphne-{uuid.uuid4().hex[:6]}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "broker.asgi:application"],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("daphne did not start:\n" + log_path.read_text())
-            time.sleep(0.2)
-        url = f"ws://127.0.0.1:{port}/xmpp-websocket"
-        url_log[url] = log_path
+    log_name = f"daphne-{uuid.uuid4().hex[:6]}.log"
+    with start_daphne(env, base, log_name, timeout=90) as http:
+        url = http.replace("http://", "ws://", 1) + "/xmpp-websocket"
+        url_log[url] = base / log_name
         yield url
-    finally:
-        stop_process(proc)
 
 
 url_log: dict[str, Path] = {}
