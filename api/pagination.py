@@ -8,9 +8,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -61,6 +63,17 @@ def page(request: Request, results: list, next_key: Any | None) -> Response:
     if next_key is not None:
         link = replace_query_param(request.build_absolute_uri(), "cursor", encode(next_key))
     return Response({"next": link, "results": results})
+
+
+def page_of(request: Request, rows: QuerySet, limit: int, data: Callable[[Any], Any],
+            key: Callable[[Any], Any]) -> Response:
+    """The page of ``rows`` (already filtered past the cursor, in cursor order): up to
+    ``limit`` items as ``data(item)``, and a ``next`` link to the cursor ``key(last item)``
+    when there are more (read as one row beyond the page)."""
+    items = list(rows[:limit + 1])
+    more = len(items) > limit
+    items = items[:limit]
+    return page(request, [data(x) for x in items], key(items[-1]) if more else None)
 
 
 _classes: dict[str, type[serializers.Serializer]] = {}

@@ -151,11 +151,8 @@ class TokensView(APIView):
         rows = ApiToken.objects.filter(account=request.user).order_by("pk")
         if after is not None:
             rows = rows.filter(pk__gt=after)
-        items = list(rows[:limit + 1])
-        more = len(items) > limit
-        items = items[:limit]
-        return pagination.page(request, [token_data(t) for t in items],
-                               items[-1].pk if more else None)
+        return pagination.page_of(request, rows, limit, token_data,
+                                  lambda last: last.pk)
 
     @extend_schema(request=s.TokenRequestSerializer, responses={201: s.NewTokenSerializer},
                    auth=[])
@@ -400,11 +397,8 @@ class SubscriptionsView(APIView):
         rows = Subscription.objects.filter(account=request.user).order_by("pk")
         if after is not None:
             rows = rows.filter(pk__gt=after)
-        items = list(rows[:limit + 1])
-        more = len(items) > limit
-        items = items[:limit]
-        return pagination.page(request, [subscription_data(x) for x in items],
-                               items[-1].pk if more else None)
+        return pagination.page_of(request, rows, limit, subscription_data,
+                                  lambda last: last.pk)
 
     @extend_schema(request=s.SubscriptionCreateSerializer,
                    responses={201: s.NewSubscriptionSerializer})
@@ -582,11 +576,8 @@ class AccountsView(APIView):
         rows = Account.objects.order_by("username_key")
         if after is not None:
             rows = rows.filter(username_key__gt=after)
-        items = list(rows[:limit + 1])
-        more = len(items) > limit
-        items = items[:limit]
-        return pagination.page(request, [account_data(a) for a in items],
-                               items[-1].username_key if more else None)
+        return pagination.page_of(request, rows, limit, account_data,
+                                  lambda last: last.username_key)
 
     @extend_schema(request=s.AccountCreateSerializer, responses={201: s.AccountSerializer})
     def post(self, request: Request) -> Response:
@@ -658,11 +649,8 @@ class ReportsView(APIView):
                 rows = rows.filter(day__lt=date.fromisoformat(after))
             except ValueError:
                 return problem(400, "Bad request (invalid cursor)", 400)
-        items = list(rows[:limit + 1])
-        more = len(items) > limit
-        items = items[:limit]
-        return pagination.page(request, [report_data(r) for r in items],
-                               items[-1].day.isoformat() if more else None)
+        return pagination.page_of(request, rows, limit, report_data,
+                                  lambda last: last.day.isoformat())
 
 
 class ReportView(APIView):
@@ -712,11 +700,8 @@ class LinksView(APIView):
         rows = Link.objects.select_related("peer_account").order_by("name")
         if after is not None:
             rows = rows.filter(name__gt=after)
-        items = list(rows[:limit + 1])
-        more = len(items) > limit
-        items = items[:limit]
-        return pagination.page(request, [federation.link_data(x) for x in items],
-                               items[-1].name if more else None)
+        return pagination.page_of(request, rows, limit, federation.link_data,
+                                  lambda last: last.name)
 
     @extend_schema(request=s.LinkCreateSerializer, responses={201: s.LinkSerializer})
     def post(self, request: Request) -> Response:
