@@ -1,0 +1,90 @@
+"""``manage.py runbroker`` brings up the whole system, and stops all of it on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import (
+    ROOT,
+    base_env,
+    free_port,
+)
+from tests.support.smqp_client import RawClient
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_path):
+    env = base_env(tmp_path, database_urls["sqlite"])
+    http_port, smqp_port = free_port(), free_port()
+    log_path = tmp_path / "runbroker.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runbroker", "--http-port", str(http_port),
+             "--smqp-port", str(smqp_port)],
+            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        page = wait_for(
+            lambda: urllib.request.urlopen(
+                f"http://127.0.0.1:{http_port}/admin/login/", timeout=2).read(),
+            60, "the admin login page",
+        )
+        assert b"Django" in page and b"csrfmiddlewaretoken" in page
+        css = urllib.request.urlopen(
+            f"http://127.0.0.1:{http_port}/static/admin/css/base.css", timeout=5)
+        assert css.status == 200
+        wait_for(lambda: socket.create_connection(("127.0.0.1", smqp_port), timeout=1), 60,
+                 "the SMQP port")
+        with RawClient("127.0.0.1", smqp_port) as c:
+            c.login("bob", "pw")
+            assert c.command("NOOP") == [b"200 OK\r\n"]
+        wait_for(lambda: "ready" in log_path.read_text() and "beat: Starting" in
+                 log_path.read_text(), 60, "the Celery worker and beat")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log_path.read_text()
+    assert "Broker stopped." in text
+    assert "did not stop" not in text
+    # Every child is gone: nothing listens any more.
+    for port in (http_port, smqp_port):
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1)
+
+
+def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
+    env = base_env(tmp_path, database_urls["sqlite"])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "runbroker", "--smqp-port", str(port),
+             "--http-port", str(free_port())],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode != 0
+    assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr

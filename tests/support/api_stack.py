@@ -1,0 +1,54 @@
+"""A real broker for the REST API tests: a fresh database, the SMQP listener and Daphne
+(the REST door) on it, and a bearer token per account (``manage.py token``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import (
+    BrokerProcess,
+    accounts_script,
+    daphne,
+    fresh_database,
+    listener,
+    run_manage,
+)
+from tests.support.smqp_session import Session
+
+
+@dataclass
+class ApiStack:
+    http: str
+    smqp: BrokerProcess
+    env: dict[str, str]
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def client(self, user: str = "root") -> httpx.Client:
+        return httpx.Client(base_url=self.http + "/api/v1/", timeout=60,
+                            headers={"Authorization": f"Bearer {self.tokens[user]}"})
+
+    def session(self, user: str = "root") -> Session:
+        return Session(self.smqp.host, self.smqp.port, user)
+
+    def token(self, user: str, name: str = "tests") -> str:
+        return run_manage(self.env, "token", "create", user, name).stdout.strip()
+
+
+@contextmanager
+def api_stack(backend: str, base: Path, setup: str = "",
+              users: tuple[str, ...] = ("root", "bob", "alice"),
+              extra_env: dict[str, str] | None = None) -> Iterator[ApiStack]:
+    with fresh_database(backend, base, extra_env) as env:
+        run_manage(env, "shell", "--no-imports", "-c", accounts_script(*users) + setup)
+        with listener(env, base, name=f"api-{backend}") as smqp, daphne(env, base) as url:
+            stack = ApiStack(url, smqp, env)
+            for user in users:
+                stack.tokens[user] = stack.token(user)
+            time.sleep(1.2)  # the listener's caches hear of the setup within a second
+            yield stack
