@@ -451,10 +451,13 @@ def run_nats(items: int, size: int, workers: int, batch: int, budget: float) -> 
                                 retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE)
             await js.add_consumer(stream, ConsumerConfig(
                 durable_name="workers", ack_policy=AckPolicy.EXPLICIT, ack_wait=60))
-            for start in range(0, items, 256):
-                acks = [js.publish_async(subject, item_body(n, size))
+            for start in range(0, items, 256):  # 256 in flight, each confirmed
+                acks = [await js.publish_async(subject, item_body(n, size))
                         for n in range(start, min(items, start + 256))]
                 await asyncio.gather(*acks)
+            info = await js.stream_info(stream)
+            if info.state.messages != items:
+                raise RuntimeError(f"NATS stream holds {info.state.messages} of {items}")
         finally:
             await nc.close()
 
