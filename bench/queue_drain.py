@@ -9,7 +9,9 @@ then ``--workers`` (4) workers of one account (a fresh account per case) drain i
 
 - ``smqp``: SMQP sessions logged in as the account (its subscription exists before the
   items are published); each answers every ``NOTIFY MESSAGE`` with ``310 ACK``; an item
-  counts when the server's own ``310 ACK`` answers (the consumption committed);
+  counts when the server's own ``310 ACK`` answers (the consumption committed). With
+  ``--smqp-windows`` above 1 (``smqp w=N``) each session first asks ``SET NOTIFY WINDOW N``
+  (profile §9.7; a server without it refuses, and the case says so);
 - ``xmpp q=N``: XMPP streams (WebSocket) subscribed with ``pubsub#queue_requests`` N, each
   retracting every item it is sent; an item counts when its retract is answered ``result``;
 - ``rest b=N``: REST pull (``max`` N, ``wait_seconds`` 1), then ``POST …/receipts/{r}/ack``
@@ -78,8 +80,10 @@ class Case:
 
     @property
     def name(self) -> str:
-        letter = {"xmpp": "q", "rest": "b", "rabbitmq": "p", "nats": "b"}.get(self.kind)
-        return self.kind if letter is None else f"{self.kind} {letter}={self.window}"
+        if self.kind == "smqp" and self.window == 1:
+            return "smqp"  # the draft's one message in flight
+        letter = {"smqp": "w", "xmpp": "q", "rest": "b", "rabbitmq": "p", "nats": "b"}[self.kind]
+        return f"{self.kind} {letter}={self.window}"
 
     @property
     def is_door(self) -> bool:
@@ -107,15 +111,14 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def build_cases(kinds: Sequence[str], windows: Sequence[int]) -> list[Case]:
-    """The cases of a round: SMQP once (the draft's one message in flight per session),
-    every other kind once per window."""
+def build_cases(kinds: Sequence[str], windows: Sequence[int],
+                smqp_windows: Sequence[int] = (1,)) -> list[Case]:
+    """The cases of a round: SMQP once per ``smqp_windows`` (1: the draft's one message in
+    flight per session; more: ``SET NOTIFY WINDOW``), every other kind once per window."""
     cases = []
     for kind in kinds:
-        if kind == "smqp":
-            cases.append(Case("smqp"))
-        else:
-            cases.extend(Case(kind, w) for w in windows)
+        chosen = smqp_windows if kind == "smqp" else windows
+        cases.extend(Case(kind, w) for w in chosen)
     return cases
 
 
@@ -253,11 +256,20 @@ class AckingSession:
     ``bench xmpp`` skipped one there and left its lock to the deadline); an item counts
     when the server's own ``310 ACK`` answers."""
 
-    def __init__(self, tally: Tally) -> None:
+    def __init__(self, tally: Tally, window: int = 1) -> None:
         self.tally = tally
+        self.window = window
         self.framer = SubscriberFramer()
-        self.finals = 0  # final reply lines: LOGIN's, PASS's, then refused ACKs
-        self.in_flight: list[int | None] = []  # NOTIFYed, not yet answered
+        self.finals = 0  # final reply lines: LOGIN's, PASS's, SET's, then refused ACKs
+        self.setup = 2 if window == 1 else 3
+        self.in_flight: list[int | None] = []  # NOTIFYed, not yet answered, oldest first
+
+    def opening(self, user: str) -> bytes:
+        """What to send after the greeting: the login, and the window when it is not 1."""
+        lines = f"LOGIN {user} CLEAR/1.0\r\nPASS {user} {PASSWORD}\r\n"
+        if self.window != 1:
+            lines += f"SET NOTIFY WINDOW {self.window}\r\n"
+        return lines.encode()
 
     def feed(self, data: bytes) -> bytes:
         out = []
@@ -271,15 +283,19 @@ class AckingSession:
                 self.finals += 1
                 if self.finals == 2 and not value.startswith(b"200"):
                     raise ConnectionError(f"login refused: {value!r}")
-                if self.finals > 2:  # the answer to a 310 ACK was not 310
+                if self.finals == 3 and self.setup == 3 and not value.startswith(b"200"):
+                    raise ConnectionError(f"SET NOTIFY WINDOW {self.window} refused: "
+                                          f"{value.decode('utf-8', 'replace')}")
+                if self.finals > self.setup:  # the answer to a 310 ACK was not 310
                     if self.in_flight:
                         self.in_flight.pop(0)
                     self.tally.error(f"ACK refused: {value.decode('utf-8', 'replace')}")
         return b"".join(out)
 
 
-def smqp_worker(host: str, port: int, user: str) -> Runner:
-    """An SMQP session of ``user`` (``CLEAR/1.0``) run by :class:`AckingSession`."""
+def smqp_worker(host: str, port: int, user: str, window: int = 1) -> Runner:
+    """An SMQP session of ``user`` (``CLEAR/1.0``) run by :class:`AckingSession`, with
+    ``SET NOTIFY WINDOW`` (profile §9.7) when ``window`` is not 1."""
 
     def run(tally: Tally, stop: threading.Event) -> None:
         sock = socket.create_connection((host, port), timeout=30)
@@ -292,8 +308,8 @@ def smqp_worker(host: str, port: int, user: str) -> Runner:
                     raise ConnectionError("closed before the greeting")
                 buffer += chunk
             data = buffer.split(b"\r\n", 1)[1]
-            sock.sendall(f"LOGIN {user} CLEAR/1.0\r\nPASS {user} {PASSWORD}\r\n".encode())
-            session = AckingSession(tally)
+            session = AckingSession(tally, window)
+            sock.sendall(session.opening(user))
             sock.settimeout(0.2)
             while not stop.is_set():
                 answer = session.feed(data)
@@ -582,7 +598,8 @@ def run_door(slot: Slot, args: argparse.Namespace, host: str, port: int, ws_url:
     finally:
         root.sock.close()
     if case.kind == "smqp":
-        runners = [smqp_worker(host, port, slot.user) for _ in range(args.workers)]
+        runners = [smqp_worker(host, port, slot.user, case.window)
+                   for _ in range(args.workers)]
     elif case.kind == "xmpp":
         runners = [xmpp_worker(ws_url, slot.user, slot.topic, case.window)
                    for _ in range(args.workers)]
@@ -658,6 +675,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows", type=parse_windows, default=(1, 16),
                         help="XMPP queue_requests / REST batch / RabbitMQ prefetch / NATS "
                              "pull batch values (1,16)")
+    parser.add_argument("--smqp-windows", type=parse_windows, default=(1,),
+                        help="SMQP delivery windows (1: the draft; more: SET NOTIFY WINDOW n, "
+                             "profile 9.7, reported as refused by a server without it)")
     parser.add_argument("--cases", type=parse_kinds, default=DOORS + PEERS,
                         help=f"which kinds to run ({','.join(DOORS + PEERS)})")
     parser.add_argument("--no-json", action="store_true", help="do not write a results file")
@@ -668,7 +688,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--items, --workers, --rounds must be >= 1 and --budget > 0")
     backends = BACKENDS if args.db == "both" else (args.db,)
     check_services(backends)
-    cases = build_cases(args.cases, args.windows)
+    cases = build_cases(args.cases, args.windows, args.smqp_windows)
     skipped: dict[str, str] = {}
     for kind in PEERS:
         problem = peer_problem(kind) if kind in args.cases else None

@@ -188,3 +188,30 @@ def test_a_peer_that_consumed_nothing_gives_no_ratio():
     cases = q.build_cases(("smqp", "nats"), (1,))
     rows = q.summarize([outcome("smqp", 50), outcome("nats b=1", 0, False)], cases)
     assert q.ratios(rows) == [{"case": "smqp"}]
+
+
+def test_a_window_is_asked_after_the_login_and_a_refusal_stops_the_worker():
+    assert q.AckingSession(q.Tally(1)).opening("w1") == (
+        b"LOGIN w1 CLEAR/1.0\r\nPASS w1 pw\r\n")
+    session = q.AckingSession(q.Tally(1), window=16)
+    assert session.opening("w1").endswith(b"PASS w1 pw\r\nSET NOTIFY WINDOW 16\r\n")
+    with pytest.raises(ConnectionError, match="SET NOTIFY WINDOW 16 refused: 400 Bad"):
+        session.feed(b"200 ok\r\n200 ok\r\n400 Bad request\r\n")
+
+
+def test_with_a_window_several_notifies_are_acked_oldest_first():
+    tally = q.Tally(3)
+    session = q.AckingSession(tally, window=16)
+    out = session.feed(b"200 ok\r\n200 ok\r\n" + notify(5) + b"200 OK\r\n" + notify(6)
+                       + notify(7))
+    assert out == b"310 ACK\r\n" * 3
+    session.feed(b"310 ACK\r\n409 Conflict\r\n310 ACK\r\n")
+    assert tally.seen == {5, 7} and tally.errors == ["ACK refused: 409 Conflict"]
+
+
+def test_smqp_windows_above_one_are_cases_of_their_own():
+    names = [c.name for c in q.build_cases(("smqp", "nats"), (1, 64), (1, 16))]
+    assert names == ["smqp", "smqp w=16", "nats b=1", "nats b=64"]
+    args = build_parser().parse_args(["queue", "--smqp-windows", "1,64"])
+    assert args.smqp_windows == (1, 64)
+    assert build_parser().parse_args(["queue"]).smqp_windows == (1,)
