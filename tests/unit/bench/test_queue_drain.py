@@ -5,6 +5,7 @@ SMQP worker's wire logic, and the summary with its spread and ratios."""
 from __future__ import annotations
 
 import argparse
+import base64
 import math
 import threading
 import time
@@ -81,6 +82,16 @@ def test_an_item_body_has_its_size_and_number(size):
     assert q.item_number(body) == 4242
     assert q.item_number(body.decode()) == 4242
     assert q.item_number(b"<job/>") is None
+    # As ElementTree writes it back (an XMPP item's payload): double quotes.
+    assert q.item_number(b'<ns0:job xmlns:ns0="urn:bench" n="00000007">x</ns0:job>') == 7
+
+
+def test_a_pulled_rest_message_gives_its_item_number_from_text_or_base64():
+    body = q.item_body(31, 256)
+    assert q.rest_item_number({"sections": [
+        {"content_type": "application/xml", "base64": base64.b64encode(body).decode()}]}) == 31
+    assert q.rest_item_number({"sections": [{"text": body.decode()}]}) == 31
+    assert q.rest_item_number({"sections": []}) is None
 
 
 # --------------------------------------------------------------------------------- tally
