@@ -668,8 +668,8 @@ def print_summary(backend: str, rows: Sequence[dict[str, Any]],
         ["case", "median", "min", "max", "rounds complete", "consumed twice"],
         [[r["case"], r["median"], r["min"], r["max"], f"{r['complete']}/{r['rounds']}",
           r["duplicates"]] for r in rows]))
-    if ratio_rows:
-        peers = [k for k in ratio_rows[0] if k != "case"]
+    peers = [k for k in ratio_rows[0] if k != "case"] if ratio_rows else []
+    if peers:
         print(f"\n[{backend}] broker median / peer median (> 1: faster than the peer)")
         print(format_table(["case", *peers],
                            [[r["case"], *(f"{r[p]:.3g}" for p in peers)] for r in ratio_rows]))

@@ -226,3 +226,14 @@ def test_smqp_windows_above_one_are_cases_of_their_own():
     args = build_parser().parse_args(["queue", "--smqp-windows", "1,64"])
     assert args.smqp_windows == (1, 64)
     assert build_parser().parse_args(["queue"]).smqp_windows == (1,)
+
+
+def test_the_summary_prints_ratios_only_when_a_peer_ran(capsys):
+    cases = q.build_cases(("smqp", "rabbitmq"), (1,))
+    rows = q.summarize([outcome("smqp", 50)], cases)
+    q.print_summary("sqlite", rows, q.ratios(rows))
+    assert "peer median" not in capsys.readouterr().out
+    rows = q.summarize([outcome("smqp", 50), outcome("rabbitmq p=1", 500)], cases)
+    q.print_summary("sqlite", rows, q.ratios(rows))
+    out = capsys.readouterr().out
+    assert "broker median / peer median" in out and "0.1" in out
