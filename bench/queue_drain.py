@@ -197,6 +197,8 @@ class Outcome:
     unnumbered: int = 0
     errors: list[str] = field(default_factory=list)
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: Why an incomplete case ended, when it is neither its budget nor its workers.
+    reason: str = ""
 
     @property
     def per_second(self) -> float:
@@ -206,7 +208,8 @@ class Outcome:
         if self.complete:
             text = f"{self.per_second:9.1f} items/s ({self.consumed} in {self.seconds:.2f} s)"
         else:
-            why = "budget" if self.seconds >= self.budget else "every worker stopped"
+            why = self.reason or ("budget" if self.seconds >= self.budget
+                                  else "every worker stopped")
             text = (f"{self.per_second:9.1f} items/s (only {self.consumed} of {self.items} "
                     f"consumed in {self.seconds:.0f} s: {why})")
         if self.duplicates:
@@ -734,11 +737,19 @@ def main(args: argparse.Namespace) -> int:
                     print(f"[{backend}] round {round_index + 1}/{args.rounds} (load "
                           f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
                     for case in round_order(cases, round_index):
-                        if case.is_door:
-                            outcome = run_door(pending[case].pop(0), args, broker.host,
-                                               broker.port, ws_url, http_url)
-                        else:
-                            outcome = run_peer(case, args)
+                        started = time.monotonic()
+                        try:
+                            if case.is_door:
+                                outcome = run_door(pending[case].pop(0), args, broker.host,
+                                                   broker.port, ws_url, http_url)
+                            else:
+                                outcome = run_peer(case, args)
+                        except Exception as exc:  # publishing the items, or setting up
+                            outcome = Outcome(case.name, args.items, 0,
+                                              time.monotonic() - started, False, args.budget,
+                                              errors=[f"before the drain: "
+                                                      f"{type(exc).__name__}: {exc}"[:300]],
+                                              load=os.getloadavg(), reason="setup failed")
                         outcomes.append(outcome)
                         failed |= bool(outcome.duplicates)
                         print(f"  {case.name:16} {outcome.describe()}", flush=True)

@@ -237,3 +237,9 @@ def test_the_summary_prints_ratios_only_when_a_peer_ran(capsys):
     q.print_summary("sqlite", rows, q.ratios(rows))
     out = capsys.readouterr().out
     assert "broker median / peer median" in out and "0.1" in out
+
+
+def test_a_case_whose_setup_failed_says_so():
+    failed = q.Outcome("smqp", 100, 0, 2.0, False, 60.0, errors=["before the drain: x"],
+                       reason="setup failed")
+    assert "only 0 of 100 consumed in 2 s: setup failed" in failed.describe()
