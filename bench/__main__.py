@@ -14,6 +14,7 @@ Examples::
     python -m bench federation --db both                 # forwarded msgs/s, remote latency
     python -m bench reports --events 1000000             # usage report export + PySpark job
     python -m bench xmpp                                 # XMPP/SMQP/RabbitMQ queue workers
+    python -m bench queue --items 2000 --rounds 3        # queue drain, every door + peers
 """
 
 from __future__ import annotations
@@ -23,7 +24,18 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import federation, messages, qqp, reports, rest, selectors, smqp_load, tls, xmpp
+from . import (
+    federation,
+    messages,
+    qqp,
+    queue_drain,
+    reports,
+    rest,
+    selectors,
+    smqp_load,
+    tls,
+    xmpp,
+)
 from .isolated import BrokerSetupError
 
 #: Benchmark name -> module with ``add_arguments(parser)``, ``main(args) -> int`` and a
@@ -38,6 +50,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "federation": federation,
     "reports": reports,
     "xmpp": xmpp,
+    "queue": queue_drain,  # competing consumers at every door, beside RabbitMQ and NATS
 }
 DEFAULT = "commands"
 

@@ -1,4 +1,5 @@
-"""Publisher and subscriber drivers for the ``messages`` benchmark: SMQP and RabbitMQ.
+"""Publisher and subscriber drivers for the ``messages`` benchmark: SMQP, RabbitMQ, NATS
+JetStream and MQTT (Mosquitto, a reference whose semantics differ: see :mod:`bench.messages`).
 
 Both brokers are driven with the same semantics so that their figures compare:
 
@@ -67,6 +68,9 @@ class BrokerSpec:
     vhost: str = "/"
     #: SMQP over TLS (SMQPS): the CA file that signed the server's certificate.
     tls_ca: str = ""
+    #: Deliveries a subscriber may hold unacknowledged: RabbitMQ's prefetch, the NATS pull
+    #: batch (SMQP: one, the draft's behaviour; MQTT: the broker's in-flight limit).
+    window: int = 1
 
     @property
     def label(self) -> str:
@@ -485,8 +489,8 @@ class RabbitPublisher(Publisher):
 
 
 class RabbitSubscriber(Subscriber):
-    """``basic.qos(prefetch_count=1)`` + ``basic.consume(auto_ack=False)``; ``basic.ack``
-    after each delivery was handled."""
+    """``basic.qos(prefetch_count=spec.window)`` + ``basic.consume(auto_ack=False)``;
+    ``basic.ack`` after each delivery was handled."""
 
     def __init__(self, spec: BrokerSpec) -> None:
         super().__init__()
@@ -501,7 +505,8 @@ class RabbitSubscriber(Subscriber):
 
     async def connect(self) -> None:
         self._connection, self._channel = await _pika_open(self.spec, self._lost)
-        await _pika_rpc(lambda cb: self._channel.basic_qos(prefetch_count=1, callback=cb))
+        await _pika_rpc(lambda cb: self._channel.basic_qos(prefetch_count=self.spec.window,
+                                                           callback=cb))
         await _pika_rpc(lambda cb: self._channel.basic_consume(
             self.spec.target, self._on_delivery, auto_ack=False, callback=cb))
 
@@ -516,23 +521,304 @@ class RabbitSubscriber(Subscriber):
         await _pika_close(self._connection)
 
 
+# ======================================================================== NATS JetStream
+
+
+def nats_names(target: str) -> tuple[str, str]:
+    """(stream, subject) of a NATS target: the stream holds the one subject."""
+    token = re.sub(r"[^A-Za-z0-9]", "", target)
+    return f"SMQPBENCH{token}", f"smqpbench.{token}"
+
+
+class NatsPublisher(Publisher):
+    """``js.publish_async`` to the target's stream; a message is confirmed by the stream's
+    ``PubAck`` (JetStream answers after storing it; file storage)."""
+
+    def __init__(self, spec: BrokerSpec, index: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.index = index
+        self._nc: Any = None
+        self._js: Any = None
+        self._queued: list[tuple[int, bytes]] = []
+        self._subject = nats_names(spec.target)[1]
+
+    async def connect(self) -> None:
+        import nats
+
+        self._nc = await nats.connect(f"nats://{self.spec.host}:{self.spec.port}",
+                                      allow_reconnect=False)
+        self._js = self._nc.jetstream(publish_async_max_pending=100_000)
+
+    def publish(self, token: int, body: bytes) -> None:
+        self._queued.append((token, body))
+
+    async def flush(self) -> None:
+        queued, self._queued = self._queued, []
+        for token, body in queued:
+            future = await self._js.publish_async(self._subject, body)
+            future.add_done_callback(lambda f, token=token: self._settle(token, f))
+        await asyncio.sleep(0)
+
+    def _settle(self, token: int, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            self.on_confirm(token, False, "cancelled")
+        elif future.exception() is not None:
+            self.on_confirm(token, False, repr(future.exception()))
+        else:
+            self.on_confirm(token, True, "")
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+
+class NatsSubscriber(Subscriber):
+    """A durable pull consumer with explicit ack on the target's work-queue stream:
+    ``fetch(spec.window)``, then ``ack()`` each message (not confirmed by the server, as
+    RabbitMQ's ``basic.ack`` is not)."""
+
+    def __init__(self, spec: BrokerSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self._nc: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        import nats
+
+        stream, subject = nats_names(self.spec.target)
+        self._nc = await nats.connect(f"nats://{self.spec.host}:{self.spec.port}",
+                                      allow_reconnect=False)
+        sub = await self._nc.jetstream().pull_subscribe(subject, durable="bench",
+                                                        stream=stream)
+        self._task = asyncio.create_task(self._loop(sub))
+
+    async def _loop(self, sub: Any) -> None:
+        import nats
+
+        try:
+            while True:
+                try:
+                    messages = await sub.fetch(self.spec.window, timeout=1.0)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                for message in messages:
+                    self.on_message(message.data, time.perf_counter_ns())
+                    await message.ack()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.failure = exc
+
+    async def close(self) -> None:
+        await _cancel(self._task)
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+
+async def _nats_admin(spec: BrokerSpec, work: Callable[[Any], Any]) -> Any:
+    import nats
+
+    nc = await nats.connect(f"nats://{spec.host}:{spec.port}", allow_reconnect=False,
+                            connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        return await work(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+def nats_declare(spec: BrokerSpec) -> None:
+    """A fresh work-queue stream (file storage) and its durable pull consumer (explicit
+    ack) for ``spec.target`` (blocking; from the coordinator)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType
+
+    stream, subject = nats_names(spec.target)
+
+    async def work(js: Any) -> None:
+        with contextlib.suppress(Exception):
+            await js.delete_stream(stream)
+        await js.add_stream(name=stream, subjects=[subject],
+                            retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE)
+        await js.add_consumer(stream, ConsumerConfig(
+            durable_name="bench", ack_policy=AckPolicy.EXPLICIT, ack_wait=60,
+            max_ack_pending=-1))
+
+    asyncio.run(_nats_admin(spec, work))
+
+
+def nats_count_and_delete(spec: BrokerSpec) -> int | None:
+    """Messages left in the stream, then delete it; None on error."""
+    stream = nats_names(spec.target)[0]
+
+    async def work(js: Any) -> int:
+        try:
+            return (await js.stream_info(stream)).state.messages
+        finally:
+            with contextlib.suppress(Exception):
+                await js.delete_stream(stream)
+
+    try:
+        return asyncio.run(_nats_admin(spec, work))
+    except Exception:
+        return None
+
+
+def nats_check(spec: BrokerSpec) -> str | None:
+    """None when NATS answers with JetStream enabled; else why not."""
+
+    async def work(js: Any) -> None:
+        await js.account_info()
+
+    try:
+        asyncio.run(_nats_admin(spec, work))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# ============================================================================ MQTT (QoS 1)
+
+
+def _mqtt_client(client_id: str, clean: bool) -> Any:
+    import paho.mqtt.client as mqtt
+
+    return mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                       clean_session=clean, protocol=mqtt.MQTTv311)
+
+
+async def _mqtt_connect(client: Any, spec: BrokerSpec) -> None:
+    """Connect and run paho's network loop in its thread; return once CONNACK came."""
+    loop = asyncio.get_running_loop()
+    connected: asyncio.Future[None] = loop.create_future()
+
+    def on_connect(client: Any, userdata: Any, flags: Any, reason: Any,
+                   properties: Any) -> None:
+        def settle() -> None:
+            if connected.done():
+                return
+            if reason.is_failure:
+                connected.set_exception(ConnectionError(f"MQTT CONNACK {reason}"))
+            else:
+                connected.set_result(None)
+        loop.call_soon_threadsafe(settle)
+
+    client.on_connect = on_connect
+    client.connect(spec.host, spec.port, keepalive=60)
+    client.loop_start()
+    await asyncio.wait_for(connected, REPLY_TIMEOUT)
+
+
+class MqttPublisher(Publisher):
+    """QoS 1 ``PUBLISH`` to the target topic; confirmed by the broker's ``PUBACK``. Paho's
+    network loop runs in its own thread and hands the PUBACKs to the event loop."""
+
+    def __init__(self, spec: BrokerSpec, index: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self._client = _mqtt_client(f"bench-pub{index}-{spec.target.replace('/', '-')}", True)
+        self._tokens: dict[int, int] = {}  # mid -> token
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._client.max_inflight_messages_set(65535)  # the caller keeps the window
+        self._client.max_queued_messages_set(0)
+
+        def on_publish(client: Any, userdata: Any, mid: int, reason: Any,
+                       properties: Any) -> None:
+            loop.call_soon_threadsafe(self._settle, mid)
+
+        def on_disconnect(client: Any, userdata: Any, flags: Any, reason: Any,
+                          properties: Any) -> None:
+            if self.failure is None:
+                self.failure = ConnectionError(f"MQTT disconnected: {reason}")
+
+        self._client.on_publish = on_publish
+        self._client.on_disconnect = on_disconnect
+        await _mqtt_connect(self._client, self.spec)
+
+    def publish(self, token: int, body: bytes) -> None:
+        info = self._client.publish(self.spec.target, body, qos=1)
+        self._tokens[info.mid] = token  # its PUBACK is handled in this loop, after this
+
+    def _settle(self, mid: int) -> None:
+        token = self._tokens.pop(mid, None)
+        if token is not None:
+            self.on_confirm(token, True, "")
+
+    async def flush(self) -> None:
+        await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.on_disconnect = None
+            self._client.disconnect()
+            self._client.loop_stop()
+
+
+class MqttSubscriber(Subscriber):
+    """A persistent session (clean session off) subscribed at QoS 1; paho sends the
+    ``PUBACK`` once the message callback returned."""
+
+    def __init__(self, spec: BrokerSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self._client = _mqtt_client(f"bench-sub-{spec.target.replace('/', '-')}", False)
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        subscribed: asyncio.Future[None] = loop.create_future()
+
+        def on_message(client: Any, userdata: Any, message: Any) -> None:
+            loop.call_soon_threadsafe(self.on_message, message.payload,
+                                      time.perf_counter_ns())
+
+        def on_subscribe(client: Any, userdata: Any, mid: int, reasons: Any,
+                         properties: Any) -> None:
+            loop.call_soon_threadsafe(lambda: subscribed.done() or subscribed.set_result(None))
+
+        def on_disconnect(client: Any, userdata: Any, flags: Any, reason: Any,
+                          properties: Any) -> None:
+            if self.failure is None:
+                self.failure = ConnectionError(f"MQTT disconnected: {reason}")
+
+        self._client.on_message = on_message
+        self._client.on_subscribe = on_subscribe
+        self._client.on_disconnect = on_disconnect
+        await _mqtt_connect(self._client, self.spec)
+        self._client.subscribe(self.spec.target, qos=1)
+        await asyncio.wait_for(subscribed, REPLY_TIMEOUT)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.on_disconnect = None
+            self._client.unsubscribe(self.spec.target)
+            self._client.disconnect()
+            self._client.loop_stop()
+
+
 # ============================================================================== factory
+
+PUBLISHERS: dict[str, Callable[[BrokerSpec, int], Publisher]] = {
+    "smqp": SMQPPublisher, "rabbitmq": RabbitPublisher, "nats": NatsPublisher,
+    "mqtt": MqttPublisher}
+SUBSCRIBERS: dict[str, Callable[[BrokerSpec], Subscriber]] = {
+    "smqp": SMQPSubscriber, "rabbitmq": RabbitSubscriber, "nats": NatsSubscriber,
+    "mqtt": MqttSubscriber}
 
 
 def make_publisher(spec: BrokerSpec, index: int) -> Publisher:
-    if spec.kind == "smqp":
-        return SMQPPublisher(spec, index)
-    if spec.kind == "rabbitmq":
-        return RabbitPublisher(spec, index)
-    raise ValueError(f"unknown broker kind {spec.kind!r}")
+    if spec.kind not in PUBLISHERS:
+        raise ValueError(f"unknown broker kind {spec.kind!r}")
+    return PUBLISHERS[spec.kind](spec, index)
 
 
 def make_subscriber(spec: BrokerSpec) -> Subscriber:
-    if spec.kind == "smqp":
-        return SMQPSubscriber(spec)
-    if spec.kind == "rabbitmq":
-        return RabbitSubscriber(spec)
-    raise ValueError(f"unknown broker kind {spec.kind!r}")
+    if spec.kind not in SUBSCRIBERS:
+        raise ValueError(f"unknown broker kind {spec.kind!r}")
+    return SUBSCRIBERS[spec.kind](spec)
 
 
 # ======================================================= RabbitMQ queue admin (blocking)

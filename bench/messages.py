@@ -1,4 +1,5 @@
-"""The ``messages`` benchmark: publish / end-to-end throughput and latency, SMQP vs RabbitMQ.
+"""The ``messages`` benchmark: publish / end-to-end throughput and latency, SMQP beside
+RabbitMQ, NATS JetStream and (a reference) Mosquitto.
 
 Scenarios (issue 4), each with ``--size`` byte bodies (256 by default):
 
@@ -44,6 +45,31 @@ publisher and the subscriber is a smaller part of every round trip: with the sta
 library's loop, a bare ping-pong between two processes costs twice as much as with uvloop on
 this machine.
 
+Peers (each when it answers on its usual port; ``--no-rabbitmq``, ``--no-nats``,
+``--no-mosquitto`` leave one out), with the SMQP semantics as far as each has them:
+
+``rabbitmq-p1`` / ``rabbitmq-p64``
+    a durable queue, persistent messages, publisher confirms; the subscriber's
+    ``prefetch_count`` 1 (the draft's one unacknowledged message) and 64
+    (``--rabbitmq-prefetch``). Publishing does not depend on the prefetch: the second one
+    runs ``e2e`` and ``latency`` only.
+``nats-b1`` / ``nats-b64``
+    NATS JetStream (``--nats-port`` 4222): a work-queue stream on file storage, publishes
+    confirmed by the stream's PubAck, one durable pull consumer with explicit ack fetching
+    batches of 1 and 64 (``--nats-batch``), acking each message.
+``mosquitto-qos1``
+    MQTT QoS 1 on a Mosquitto of the benchmark's own (its own port and configuration: the
+    system one drops messages at its default queue limit of 1,000 per client), a reference
+    only, because its semantics differ: a PUBACK means the broker holds the message in
+    memory, not on disk (no fsync per message; persistence is a periodic snapshot at best);
+    there is no queue: a message reaches only the sessions subscribed when it is published,
+    and the subscriber's PUBACK is sent by the client library when the message callback
+    returns; up to 20 messages (Mosquitto's ``max_inflight_messages``) are sent to the
+    subscriber before its PUBACKs, a window of 20 rather than 1.
+
+Ratios: every SMQP run over every peer's run of the same scenario (throughput: > 1 is
+faster; latency: < 1 is lower).
+
 Errors (any exits 1): publishes not confirmed (non-200 / nack), missing, duplicate or unknown
 deliveries, refused ACKs, a stored-message count that differs from what was confirmed, client
 failures (lost connection, stall: no confirm / delivery for 30 s).
@@ -66,6 +92,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .client import SMQPClient
@@ -74,6 +101,9 @@ from .drivers import (
     BrokerSpec,
     make_publisher,
     make_subscriber,
+    nats_check,
+    nats_count_and_delete,
+    nats_declare,
     rabbit_check,
     rabbit_count_and_delete,
     rabbit_declare,
@@ -87,8 +117,9 @@ from .isolated import (
     isolated_broker,
     pg_checkpoint,
 )
-from .procstat import CpuProbe, postgres_backend_pids, rabbitmq_pids, redis_pids
+from .procstat import CpuProbe, find_pids, postgres_backend_pids, rabbitmq_pids, redis_pids
 from .profiling import PySpy, format_summary, summarize_collapsed
+from .queue_drain import parse_windows
 from .stats import RESULTS_DIR, environment_info, format_table, percentile, timestamp, write_results
 
 NAME = "messages"
@@ -533,8 +564,8 @@ async def _worker(roles: list[Role], shared: Shared, results: Any) -> None:
 class Target:
     """A broker under test as the coordinator sees it."""
 
-    label: str  # "smqp-sqlite", "smqp-postgres", "rabbitmq"
-    broker: str  # "smqp" | "rabbitmq"
+    label: str  # "smqp-sqlite", "smqp-postgres", "rabbitmq-p1", "nats-b64", ...
+    broker: str  # "smqp" | "rabbitmq" | "nats" | "mqtt"
     backend: str | None
     make_spec: Callable[[str], BrokerSpec]  # scenario -> spec
     probe: Callable[[], CpuProbe]
@@ -543,6 +574,8 @@ class Target:
     server_pid: int | None = None
     #: Extra work to finish the last scenario's writes (PostgreSQL: a CHECKPOINT).
     flush: Callable[[], None] = lambda: None
+    #: The scenarios it runs (None: all; a peer's second window runs those with a subscriber).
+    scenarios: tuple[str, ...] | None = None
 
 
 def settle(target: Target) -> None:
@@ -981,20 +1014,102 @@ def smqps_port(broker: RunningBroker, timeout: float = 30) -> int:
     raise BrokerSetupError(f"no SMQPS listener:\n{broker.log()}")
 
 
-# ======================================================================== RabbitMQ target
+# ============================================================================= peer targets
+
+WITH_SUBSCRIBER = ("e2e", "latency")
 
 
-def rabbit_target(args: argparse.Namespace) -> Target:
+def rabbit_target(args: argparse.Namespace, prefetch: int = 1, first: bool = True) -> Target:
     tag = uuid.uuid4().hex[:8]
 
     def spec(scenario: str) -> BrokerSpec:
         return BrokerSpec(kind="rabbitmq", host=args.rabbitmq_host, port=args.rabbitmq_port,
                           target=f"smqp-bench-{scenario}-{tag}", user=args.rabbitmq_user,
-                          password=args.rabbitmq_password)
+                          password=args.rabbitmq_password, window=prefetch)
 
-    return Target(label="rabbitmq", broker="rabbitmq", backend=None, make_spec=spec,
-                  probe=lambda: CpuProbe({"server": rabbitmq_pids}),
-                  prepare=rabbit_declare, stored_count=rabbit_count_and_delete)
+    return Target(label=f"rabbitmq-p{prefetch}", broker="rabbitmq", backend=None,
+                  make_spec=spec, probe=lambda: CpuProbe({"server": rabbitmq_pids}),
+                  prepare=rabbit_declare, stored_count=rabbit_count_and_delete,
+                  scenarios=None if first else WITH_SUBSCRIBER)
+
+
+def nats_target(args: argparse.Namespace, batch: int = 1, first: bool = True) -> Target:
+    tag = uuid.uuid4().hex[:8]
+
+    def spec(scenario: str) -> BrokerSpec:
+        return BrokerSpec(kind="nats", host=args.nats_host, port=args.nats_port,
+                          target=f"{scenario}{tag}", window=batch)
+
+    return Target(label=f"nats-b{batch}", broker="nats", backend=None, make_spec=spec,
+                  probe=lambda: CpuProbe({"server": lambda: find_pids(comm="nats-server")}),
+                  prepare=nats_declare, stored_count=nats_count_and_delete,
+                  scenarios=None if first else WITH_SUBSCRIBER)
+
+
+MOSQUITTO_CONF = """\
+listener {port} 127.0.0.1
+allow_anonymous true
+# The defaults drop QoS 1 messages beyond 1,000 queued per client: no limit here.
+max_queued_messages 0
+max_queued_bytes 0
+persistence false
+log_dest stderr
+log_type error
+log_type warning
+"""
+
+
+@contextlib.contextmanager
+def own_mosquitto(binary: str = "mosquitto") -> Iterator[tuple[int, int]]:
+    """A Mosquitto of the benchmark's own on a free port: (port, pid)."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    path = shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/usr/local/sbin")
+    if path is None:
+        raise BrokerSetupError(f"{binary} is not installed")
+    with tempfile.TemporaryDirectory(prefix="smqp-bench-mosquitto-") as tmp:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        conf = f"{tmp}/mosquitto.conf"
+        with open(conf, "w") as handle:
+            handle.write(MOSQUITTO_CONF.format(port=port))
+        log = open(f"{tmp}/mosquitto.log", "wb")  # noqa: SIM115 (closed below)
+        proc = subprocess.Popen([path, "-c", conf], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=1):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise BrokerSetupError("mosquitto did not start: " + Path(
+                            f"{tmp}/mosquitto.log").read_text(errors="replace")) from None
+                    time.sleep(0.1)
+            yield port, proc.pid
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+def mosquitto_target(port: int, pid: int) -> Target:
+    tag = uuid.uuid4().hex[:8]
+
+    def spec(scenario: str) -> BrokerSpec:
+        return BrokerSpec(kind="mqtt", host="127.0.0.1", port=port,
+                          target=f"smqp-bench/{scenario}/{tag}", window=20)
+
+    return Target(label="mosquitto-qos1", broker="mqtt", backend=None, make_spec=spec,
+                  probe=lambda: CpuProbe({"server": lambda: [pid]}))
 
 
 # ============================================================================== reporting
@@ -1057,8 +1172,32 @@ def target_text(scenario: str, value: float | None) -> str:
     return f"{op}{goal:,.0f} {'met' if met else 'not met'}"
 
 
+def peer_ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every SMQP run's figures over every peer run's of the same scenario."""
+
+    def ratio(mine: float | None, theirs: float | None) -> float | None:
+        return mine / theirs if mine and theirs else None
+
+    ratios = []
+    for run in runs:
+        if run["broker"] != "smqp":
+            continue
+        for base in runs:
+            if base["broker"] == "smqp" or base["scenario"] != run["scenario"]:
+                continue
+            entry: dict[str, Any] = {"scenario": run["scenario"], "target": run["target"],
+                                     "peer": base["target"],
+                                     "msgs_per_s": ratio(run.get("msgs_per_s"),
+                                                         base.get("msgs_per_s"))}
+            for pct in ("p50", "p99"):
+                entry[f"latency_{pct}"] = ratio((run.get("latency_ms") or {}).get(pct),
+                                                (base.get("latency_ms") or {}).get(pct))
+            ratios.append(entry)
+    return ratios
+
+
 def print_tables(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The summary table, and SMQP/RabbitMQ ratios; returns the ratios."""
+    """The summary table, and SMQP/peer ratios; returns the ratios."""
     rows = []
     for run in runs:
         cpu = run.get("cpu_percent") or {}
@@ -1076,26 +1215,13 @@ def print_tables(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "server CPU%", "pg CPU%", "client CPU%", "machine CPU%", "other CPU%",
                         "issue target"],
                        rows))
-    ratios = []
-    rabbit = {r["scenario"]: r for r in runs if r["broker"] == "rabbitmq"}
-    for run in runs:
-        base = rabbit.get(run["scenario"])
-        if run["broker"] != "smqp" or base is None:
-            continue
-        entry: dict[str, Any] = {"scenario": run["scenario"], "target": run["target"]}
-        for key in ("msgs_per_s",):
-            mine, theirs = run.get(key), base.get(key)
-            entry[key] = mine / theirs if mine and theirs else None
-        for pct in ("p50", "p99"):
-            mine = (run.get("latency_ms") or {}).get(pct)
-            theirs = (base.get("latency_ms") or {}).get(pct)
-            entry[f"latency_{pct}"] = mine / theirs if mine and theirs else None
-        ratios.append(entry)
+    ratios = peer_ratios(runs)
     if ratios:
         print()
-        print("SMQP / RabbitMQ (throughput: > 1 is faster than RabbitMQ; latency: < 1 is lower)")
-        print(format_table(["scenario", "broker", "msgs/s ratio", "p50 ratio", "p99 ratio"],
-                           [[e["scenario"], e["target"], _f(e["msgs_per_s"]),
+        print("SMQP / peer (throughput: > 1 is faster than the peer; latency: < 1 is lower)")
+        print(format_table(["scenario", "broker", "peer", "msgs/s ratio", "p50 ratio",
+                            "p99 ratio"],
+                           [[e["scenario"], e["target"], e["peer"], _f(e["msgs_per_s"]),
                              _f(e["latency_p50"]), _f(e["latency_p99"])] for e in ratios]))
     return ratios
 
@@ -1149,6 +1275,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                   "guest"))
     parser.add_argument("--rabbitmq-password",
                         default=os.environ.get("SMQP_BENCH_AMQP_PASSWORD", "guest"))
+    parser.add_argument("--rabbitmq-prefetch", type=parse_windows, default=(1, 64),
+                        metavar="N,M", help="RabbitMQ subscriber prefetch values (1,64)")
+    parser.add_argument("--nats", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run NATS JetStream when it answers (default on)")
+    parser.add_argument("--nats-host", default=os.environ.get("SMQP_BENCH_NATS_HOST",
+                                                              "127.0.0.1"))
+    parser.add_argument("--nats-port", type=int,
+                        default=int(os.environ.get("SMQP_BENCH_NATS_PORT", "4222")))
+    parser.add_argument("--nats-batch", type=parse_windows, default=(1, 64), metavar="N,M",
+                        help="NATS JetStream pull batch values (1,64)")
+    parser.add_argument("--mosquitto", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run MQTT QoS 1 on a Mosquitto of its own, a reference "
+                             "whose semantics differ (default on)")
     parser.add_argument("--profile", action="store_true",
                         help="sample the SMQP server with py-spy during each measured window "
                              "(slows it down: take figures from a run without it)")
@@ -1167,7 +1306,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the scenarios on each SMQP backend, then on RabbitMQ; print and save figures."""
+    """Run the scenarios on each SMQP backend, then on the peers; print and save figures."""
     if args.size < HEADER.size:
         raise SystemExit(f"--size must be at least {HEADER.size} (the id and timestamp)")
     if args.window < 1 or args.publishers < 1 or args.seconds <= 0 or args.rate <= 0:
@@ -1190,6 +1329,8 @@ def main(args: argparse.Namespace) -> int:
 
     def run_all(target: Target) -> None:
         for scenario in scenarios:
+            if target.scenarios is not None and scenario not in target.scenarios:
+                continue
             plan = plan_for(scenario)
             if args.settle:
                 settle(target)
@@ -1252,17 +1393,34 @@ def main(args: argparse.Namespace) -> int:
         if info["server_log"]:
             print(f"[smqp-{backend}] server log kept at {info['server_log']}")
 
-    rabbit_skipped = None
+    skipped: dict[str, str] = {}
     if args.rabbitmq:
-        target = rabbit_target(args)
-        problem = rabbit_check(target.make_spec("check"))
+        problem = rabbit_check(rabbit_target(args).make_spec("check"))
         if problem is None:
             brokers.append({"target": "rabbitmq", "pids": rabbitmq_pids()})
-            run_all(target)
+            for i, prefetch in enumerate(args.rabbitmq_prefetch):
+                run_all(rabbit_target(args, prefetch, first=i == 0))
         else:
-            rabbit_skipped = (f"RabbitMQ at {args.rabbitmq_host}:{args.rabbitmq_port} is not "
-                              f"reachable: {problem}")
-            print(f"[rabbitmq] skipped: {rabbit_skipped}")
+            skipped["rabbitmq"] = (f"RabbitMQ at {args.rabbitmq_host}:{args.rabbitmq_port} "
+                                   f"is not reachable: {problem}")
+    if args.nats:
+        problem = nats_check(nats_target(args).make_spec("check"))
+        if problem is None:
+            brokers.append({"target": "nats"})
+            for i, batch in enumerate(args.nats_batch):
+                run_all(nats_target(args, batch, first=i == 0))
+        else:
+            skipped["nats"] = (f"NATS JetStream at {args.nats_host}:{args.nats_port} is not "
+                               f"answering: {problem}")
+    if args.mosquitto:
+        try:
+            with own_mosquitto() as (port, pid):
+                brokers.append({"target": "mosquitto", "port": port})
+                run_all(mosquitto_target(port, pid))
+        except BrokerSetupError as exc:
+            skipped["mosquitto"] = str(exc)
+    for name, why in skipped.items():
+        print(f"[{name}] skipped: {why}")
 
     ratios = print_tables(runs)
     if not args.no_json:
@@ -1273,9 +1431,9 @@ def main(args: argparse.Namespace) -> int:
             "environment": environment_info(),
             "targets": {k: {"unit": u, "value": v} for k, (u, v) in TARGETS.items()},
             "brokers": brokers,
-            "rabbitmq_skipped": rabbit_skipped,
+            "peers_skipped": skipped,
             "runs": runs,
-            "ratios_smqp_over_rabbitmq": ratios,
+            "ratios_smqp_over_peers": ratios,
         }
         path = write_results(NAME, payload, stamp=stamp)
         print(f"\nresults written to {path}")

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -16,6 +17,13 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the values; all ``nan`` when there are none."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    return statistics.median(values), min(values), max(values)
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:
