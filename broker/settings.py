@@ -276,6 +276,9 @@ if SMQP_EVENT_LOOP not in ("uvloop", "asyncio"):
     raise ImproperlyConfigured(
         f"SMQP_EVENT_LOOP must be 'uvloop' or 'asyncio', not {SMQP_EVENT_LOOP!r}")
 SMQP_PORT = env_int("SMQP_PORT", 720)
+# The listener's HTTP health port (/healthz, /readyz) for a load balancer's check of SMQP;
+# unset: none (runsmqp --health-port).
+SMQP_HEALTH_PORT = env_int("SMQP_HEALTH_PORT", 0) if os.environ.get("SMQP_HEALTH_PORT") else None
 SMQP_SERVER_CONTEXT = os.environ.get("SMQP_SERVER_CONTEXT") or socket.gethostname()
 # SMQPS (profile §9.4): a TLS listener on SMQP_TLS_PORT when a certificate and its key are
 # configured (PEM files; the certificate file may hold the chain). TLS 1.2 is the minimum.
