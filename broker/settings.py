@@ -447,6 +447,10 @@ CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {
 # (the wait doubles from a quarter second), and how often the supervisor re-reads the links.
 SMQP_LINK_BACKOFF_MAX = float(os.environ.get("SMQP_LINK_BACKOFF_MAX", "30"))
 SMQP_LINK_RELOAD_SECONDS = float(os.environ.get("SMQP_LINK_RELOAD_SECONDS", "2"))
+# A cluster's one-node jobs (Celery beat, each federation link) run where their lease is
+# held (broker/store/leases.py): another node takes one over at most this long after its
+# holder died (renewed every third of it).
+SMQP_LEASE_SECONDS = float(os.environ.get("SMQP_LEASE_SECONDS", "15"))
 
 
 # --- Usage reports (issue 25: spark_jobs) ------------------------------------------------------
