@@ -414,6 +414,23 @@ class LocalCluster:
     def kill_redis(self, port: int) -> None:
         self._kill_group(f"redis-{port}")
 
+    def restart_redis(self, port: int, replica_of: tuple[str, int] | None) -> None:
+        """A Redis back after its death: a replica of the master Sentinel names now."""
+        conf = self.base / "redis" / f"redis-{port}.conf"
+        conf.write_text(_render(
+            "redis.conf", addr=HUB, port=port, dir=self.base / "redis",
+            replicaof=f"replicaof {replica_of[0]} {replica_of[1]}" if replica_of else ""))
+        self._spawn(f"redis-{port}", ["redis-server", str(conf)])
+        _wait(lambda: self._connects(HUB, port), 30, f"Redis on {port}")
+
+    def lease_holders(self) -> dict[str, str]:
+        """Each live cluster lease's holder (broker/store/leases.py), read through HAProxy."""
+        import psycopg
+
+        with psycopg.connect(self.database_url) as db:
+            return dict(db.execute("SELECT name, holder FROM broker_cluster_lease "
+                                   "WHERE expires_at >= now()").fetchall())
+
     def _kill_group(self, name: str, sig: int = signal.SIGKILL) -> None:
         pid = self.procs.get(name)
         if pid is None:
