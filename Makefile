@@ -18,12 +18,15 @@ REDIS_URL ?= redis://127.0.0.1:6379/0
 PYTEST_ARGS ?= -n auto --dist loadgroup
 export REDIS_URL
 
-.PHONY: help run test bench lint ruff imports services postgres browser xmpp-clients python-deps clean
+.PHONY: help run test bench lint ruff imports services postgres browser xmpp-clients python-deps clean \
+	cluster-deps cluster cluster-stop test-cluster
 
 help:
 	@echo "make run    - set up and run the whole broker (admin :8000, SMQP :$${SMQP_PORT:-720})"
 	@echo "make test   - set up and run the test suite"
 	@echo "make bench  - run the benchmarks"
+	@echo "make cluster / cluster-stop - a 3-node cluster on this machine (root; docs/cluster.md)"
+	@echo "make test-cluster - the kill and partition tests on that cluster (root)"
 
 # Install OS packages by name, running apt-get update once first.
 define apt_install
@@ -90,6 +93,26 @@ imports: python-deps
 test: services postgres lint browser xmpp-clients
 	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.
 	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The cluster on one machine (docs/cluster.md): Patroni + etcd, Redis Sentinel, HAProxy and
+# PostgreSQL's server binaries from the OS packages; their own instances on a bridge address,
+# never the machine's PostgreSQL or Redis.
+cluster-deps: python-deps
+	@for tool in patroni:patroni etcd:etcd-server haproxy:haproxy redis-sentinel:redis-sentinel \
+	  redis-server:redis-server; do command -v $${tool%%:*} >/dev/null || missing="$${missing:-} $${tool#*:}"; done; \
+	  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null || missing="$${missing:-} postgresql"; \
+	  if [ -n "$${missing:-}" ]; then echo "installing$$missing"; $(call apt_install,$$missing); fi
+
+cluster: cluster-deps
+	$(SUDO) $(PY) -m deploy.local up
+
+cluster-stop: python-deps
+	$(SUDO) $(PY) -m deploy.local down
+
+# Kill and partition tests on a cluster of their own (marker: cluster); it is removed after.
+test-cluster: cluster-deps lint
+	rc=0; $(SUDO) $(PY) -m pytest -p no:xdist -m cluster tests/e2e/cluster $(CLUSTER_PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
 
 bench: services postgres

@@ -369,3 +369,20 @@ class FederatedOrigin(models.Model):
                                 db_index=False)
     link = models.CharField(max_length=64)
     received = models.DateTimeField(auto_now_add=True, db_index=True)
+
+
+class ClusterLease(models.Model):
+    """Who runs a job that must run on one node of a cluster at a time (Celery beat, each
+    federation link): held until ``expires_at`` (the database's clock) unless renewed, then
+    free for any node to take (broker/store/leases.py)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField()
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "broker_cluster_lease"
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"

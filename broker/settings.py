@@ -15,6 +15,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from broker import redisconf
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SMQP_VAR_DIR", BASE_DIR / "var")).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -198,6 +200,16 @@ WHITENOISE_USE_FINDERS = True
 
 # --- Redis: channel layer, Celery, cache ------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# High availability: with REDIS_SENTINELS ("host:port,host:port,...") every client finds the
+# master named REDIS_MASTER_NAME through Redis Sentinel and follows its failovers; REDIS_URL
+# then gives only the database number and password (broker/redisconf.py, docs/cluster.md).
+try:
+    REDIS = redisconf.from_environment(os.environ)
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from exc
+REDIS_SENTINELS = REDIS.sentinels
+REDIS_MASTER_NAME = REDIS.master_name
+_cache_location, _cache_options = REDIS.cache_location_and_options()
 CHANNEL_LAYERS = {
     "default": {
         # Redis pub/sub: a group_send is one PUBLISH and every process reads pushed
@@ -206,7 +218,7 @@ CHANNEL_LAYERS = {
         # consumer that is not there: wake-ups and notifications are for live sessions.
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            "hosts": [REDIS.channel_host()],
             "prefix": os.environ.get("SMQP_CHANNEL_PREFIX", "smqp"),
         },
     }
@@ -214,11 +226,15 @@ CHANNEL_LAYERS = {
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": _cache_location,
         "KEY_PREFIX": os.environ.get("SMQP_CACHE_PREFIX", "smqp"),
+        **({"OPTIONS": _cache_options} if _cache_options else {}),
     }
 }
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+_celery_url, _celery_options = REDIS.celery_broker()
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", _celery_url)
+if _celery_options and "CELERY_BROKER_URL" not in os.environ:
+    CELERY_BROKER_TRANSPORT_OPTIONS = _celery_options
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
@@ -260,6 +276,9 @@ if SMQP_EVENT_LOOP not in ("uvloop", "asyncio"):
     raise ImproperlyConfigured(
         f"SMQP_EVENT_LOOP must be 'uvloop' or 'asyncio', not {SMQP_EVENT_LOOP!r}")
 SMQP_PORT = env_int("SMQP_PORT", 720)
+# The listener's HTTP health port (/healthz, /readyz) for a load balancer's check of SMQP;
+# unset: none (runsmqp --health-port).
+SMQP_HEALTH_PORT = env_int("SMQP_HEALTH_PORT", 0) if os.environ.get("SMQP_HEALTH_PORT") else None
 SMQP_SERVER_CONTEXT = os.environ.get("SMQP_SERVER_CONTEXT") or socket.gethostname()
 # SMQPS (profile §9.4): a TLS listener on SMQP_TLS_PORT when a certificate and its key are
 # configured (PEM files; the certificate file may hold the chain). TLS 1.2 is the minimum.
@@ -428,6 +447,10 @@ CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {
 # (the wait doubles from a quarter second), and how often the supervisor re-reads the links.
 SMQP_LINK_BACKOFF_MAX = float(os.environ.get("SMQP_LINK_BACKOFF_MAX", "30"))
 SMQP_LINK_RELOAD_SECONDS = float(os.environ.get("SMQP_LINK_RELOAD_SECONDS", "2"))
+# A cluster's one-node jobs (Celery beat, each federation link) run where their lease is
+# held (broker/store/leases.py): another node takes one over at most this long after its
+# holder died (renewed every third of it).
+SMQP_LEASE_SECONDS = float(os.environ.get("SMQP_LEASE_SECONDS", "15"))
 
 
 # --- Usage reports (issue 25: spark_jobs) ------------------------------------------------------

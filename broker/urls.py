@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from broker.console.health import healthz, readyz
 from broker.console.metrics import metrics_view
 
 urlpatterns = [
@@ -9,6 +10,9 @@ urlpatterns = [
     # The operators' console (overview, topic and sessions pages) and /metrics.
     path("admin/ops/", include("broker.console.urls")),
     path("metrics", metrics_view, name="metrics"),
+    # For load balancers (HAProxy checks /readyz): docs/cluster.md.
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("admin/", admin.site.urls),
 ]
 

@@ -9,10 +9,12 @@ import contextlib
 import logging
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from broker.models import Link
 from broker.services import federation as rules
 from broker.store import dbthread
+from broker.store.leases import Lease
 
 from .link import LinkConfig, LinkSession
 
@@ -40,24 +42,52 @@ def _disable(link_ids: list[int]) -> None:
         rules.record_state(link_id, Link.State.DISABLED)
 
 
+def lease_name(link_id: int) -> str:
+    return f"link:{link_id}"
+
+
 class Supervisor:
+    """In a cluster every node runs one; each link runs on the node holding its lease
+    (``link:<id>``, broker/store/leases.py), renewed at every reconcile."""
+
     def __init__(self) -> None:
         self.sessions: dict[int, tuple[LinkSession, asyncio.Task]] = {}
+        self.lease = Lease(settings.SMQP_LEASE_SECONDS)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
             while not stop.is_set():
-                await self.reconcile()
+                try:
+                    await self.reconcile()
+                except DatabaseError as exc:  # a database failover: try again next round
+                    logger.warning("links: database unavailable (%s)", exc)
+                    await self._fence()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), settings.SMQP_LINK_RELOAD_SECONDS)
         finally:
             await self.stop_all()
+            with contextlib.suppress(DatabaseError):
+                await dbthread.run(self.lease.release)
+
+    async def _fence(self) -> None:
+        """Stop the links whose lease lapsed unrenewed (another node may run them now)."""
+        for link_id in list(self.sessions):
+            if not self.lease.held(lease_name(link_id)):
+                logger.warning("link %s: lease lapsed; stopping it here", link_id)
+                await self._stop(link_id)
 
     async def reconcile(self) -> None:
         enabled, disabled = await dbthread.run(_read)
-        configs = {c.id: c for c in enabled}
+        held = await dbthread.run(self.lease.renew, [lease_name(c.id) for c in enabled])
+        elsewhere = {c.id for c in enabled if lease_name(c.id) not in held}
+        configs = {c.id: c for c in enabled if c.id not in elsewhere}
         gone, stopped = [], False
         for link_id, (session, task) in list(self.sessions.items()):
+            if link_id in elsewhere:  # another node holds its lease now: it runs there
+                logger.warning("link %s: its lease is held elsewhere; stopping it here",
+                               session.config.name)
+                await self._stop(link_id)
+                continue
             config = configs.get(link_id)
             if config is None or not config.same_settings(session.config) or task.done():
                 if task.done() and not task.cancelled() and task.exception() is not None:
@@ -72,7 +102,8 @@ class Supervisor:
         if gone:
             await dbthread.run(_disable, gone)
         if stopped:  # what the stopped sessions left subscribed on their peers
-            configs = {c.id: c for c in await dbthread.run(_load)}
+            configs = {c.id: c for c in await dbthread.run(_load)
+                       if self.lease.held(lease_name(c.id))}
         for link_id, config in configs.items():
             if link_id not in self.sessions:
                 session = LinkSession(config)

@@ -50,8 +50,8 @@ _client: redis.Redis | None = None
 def client() -> redis.Redis:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5,
-                                       socket_connect_timeout=5, decode_responses=True)
+        _client = settings.REDIS.client(socket_timeout=5, socket_connect_timeout=5,
+                                        decode_responses=True)
     return _client
 
 

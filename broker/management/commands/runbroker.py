@@ -86,10 +86,8 @@ class Command(BaseCommand):
                 python, "-m", "celery", "-A", "broker", "worker", "--loglevel", "INFO",
                 "--concurrency", "2",
             ]
-            children["celery-beat"] = [
-                python, "-m", "celery", "-A", "broker", "beat", "--loglevel", "INFO",
-                "--schedule", beat_schedule,
-            ]
+            # Beat runs on the one node of a cluster that holds its lease (runbeat).
+            children["celery-beat"] = [*manage, "runbeat", "--schedule", beat_schedule]
         procs: dict[str, subprocess.Popen] = {}
         stopping = False
 

@@ -61,12 +61,16 @@ class Command(BaseCommand):
                             help="PEM certificate (chain) for SMQPS; none: no TLS listener.")
         parser.add_argument("--tls-key", default=settings.SMQP_TLS_KEY,
                             help="PEM private key of --tls-cert (default: in the cert file).")
+        parser.add_argument("--health-port", type=int, default=settings.SMQP_HEALTH_PORT,
+                            help="HTTP /healthz and /readyz for a load balancer's check "
+                                 "(0: a free port; default SMQP_HEALTH_PORT, none if unset).")
         parser.add_argument("--plain", action=argparse.BooleanOptionalAction,
                             default=settings.SMQP_PLAIN,
                             help="Serve plain TCP on --port too (default: SMQP_PLAIN).")
 
     def handle(self, *args, host: str, port: int, reuse_port: bool, grace: float,
-               tls_port: int, tls_cert: str, tls_key: str, plain: bool, **options):
+               tls_port: int, tls_cert: str, tls_key: str, plain: bool,
+               health_port: int | None, **options):
         from django.db import connection
 
         from broker.delivery import recover_journals
@@ -99,7 +103,7 @@ class Command(BaseCommand):
                               f"listeners")
         connection.close()
         try:
-            run_event_loop(self._serve(host, listeners, reuse_port, grace))
+            run_event_loop(self._serve(host, listeners, reuse_port, grace, health_port))
         except _BindError as failed:
             exc, bad_port = failed.args
             if isinstance(exc, PermissionError):
@@ -113,7 +117,7 @@ class Command(BaseCommand):
                                f"{exc.strerror or exc}") from exc
 
     async def _serve(self, host: str, listeners: list[tuple[int, str, str]],
-                     reuse_port: bool, grace: float) -> None:
+                     reuse_port: bool, grace: float, health_port: int | None) -> None:
         from broker.delivery import get_dispatcher
         from broker.delivery import shutdown as shutdown_dispatchers
         from broker.store.lanes import StorageLost
@@ -144,6 +148,17 @@ class Command(BaseCommand):
                 raise _BindError(exc, port) from exc
             servers.append(server)
             bound += [("SMQPS" if cert else "SMQP", h, p) for h, p in addresses]
+        health = None
+        if health_port is not None:
+            from broker.healthport import HealthPort
+
+            health = HealthPort(storage.health)
+            try:
+                health_host, bound_health = await health.start(host, health_port)
+            except OSError as exc:
+                for started in servers:
+                    await started.shutdown(0)
+                raise _BindError(exc, health_port) from exc
         freeze_startup()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -154,11 +169,17 @@ class Command(BaseCommand):
         for name, bound_host, bound_port in bound:
             self.stdout.write(f"{name} listening on {bound_host}:{bound_port} "
                               f"({kind} event loop)")
+        if health is not None:
+            self.stdout.write(f"Health checks on http://{health_host}:{bound_health}/readyz")
         sys.stdout.flush()
         await stop.wait()
         self.stdout.write(f"SMQP shutting down ({grace:g} s grace)")
         sys.stdout.flush()
+        if health is not None:
+            health.draining = True  # /readyz says 503: the balancer sends no new sessions
         await asyncio.gather(*(server.shutdown(grace) for server in servers))
+        if health is not None:
+            await health.close()
         await shutdown_dispatchers(timeout=5.0)
 
     def _reload_tls(self, servers: list) -> None:

@@ -1,0 +1,566 @@
+"""A whole cluster on this machine, from the files in deploy/ (docs/cluster.md):
+
+    python -m deploy.local up [--nodes 3]    (make cluster)
+    python -m deploy.local down              (make cluster-stop)
+    python -m deploy.local status
+
+Each broker node runs ``manage.py runbroker`` in a network namespace of its own
+(``smqpc-n1`` ...) with its own address (10.79.0.11 ...), joined to a bridge ``smqpc0``
+(10.79.0.1) where the shared engines listen: etcd, two PostgreSQL members under Patroni (a
+primary and a synchronous replica), a Redis master and replica with three Sentinels, and
+HAProxy in front of it all. Needs root (network namespaces; PostgreSQL runs as the
+``postgres`` user). Nothing here touches the machine's own PostgreSQL or Redis: every engine
+listens on the bridge address only, on ports of its own.
+
+Everything started is recorded under the cluster directory (``/tmp/smqp-cluster``, or
+``SMQP_CLUSTER_DIR``) and ``down`` stops exactly that, then removes the namespaces and the
+bridge. The tests (tests/e2e/cluster/) drive the same :class:`LocalCluster`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = Path(__file__).resolve().parent
+BRIDGE = "smqpc0"
+NET = "10.79.0"
+HUB = f"{NET}.1"
+PREFIX = "smqpc"
+
+# Ports on the hub address (the shared engines and HAProxy's front ends).
+ETCD_CLIENT, ETCD_PEER = 23790, 23800
+PG_PORTS = {"pg1": 15431, "pg2": 15432}
+PATRONI_REST = {"pg1": 18008, "pg2": 18009}
+REDIS_PORTS = [16379, 16380]
+SENTINEL_PORTS = [26379, 26380, 26381]
+FRONT = {"smqp": 7200, "qqp": 2626, "http": 8000, "pg": 5000, "stats": 8404}
+# Ports on each node's own address.
+NODE_PORTS = {"smqp": 7200, "health": 7210, "http": 8000, "qqp": 2626}
+
+MASTER_NAME = "smqp"
+DB_NAME, DB_USER, DB_PASSWORD = "smqp", "smqp", "smqp-cluster"
+SUPER_PASSWORD, REPL_PASSWORD = "postgres-cluster", "replicator-cluster"
+# Quick failure detection for a cluster on one machine (production: ttl 30, loop_wait 10).
+PATRONI_TTL, PATRONI_LOOP, PATRONI_RETRY = 10, 2, 4
+SENTINEL_DOWN_MS, SENTINEL_FAILOVER_MS = 2000, 10000
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)}: {result.stderr.strip() or result.stdout}")
+    return result
+
+
+def _render(template: str, **values: object) -> str:
+    return string.Template((DEPLOY / template).read_text()).substitute(
+        {k: str(v) for k, v in values.items()})
+
+
+def _wait(condition, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            value = condition()
+            if value:
+                return value
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_status(url: str, timeout: float = 3) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _pg_bin_dir() -> str:
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "postgres").exists():
+            return str(candidate)
+    found = shutil.which("postgres") or shutil.which("pg_ctl")
+    if found:
+        return str(Path(found).parent)
+    raise ClusterError("no PostgreSQL server binaries (make cluster installs postgresql)")
+
+
+@dataclass
+class Node:
+    name: str
+    addr: str
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}-{self.name}"
+
+    @property
+    def veth(self) -> str:
+        return f"{PREFIX}-{self.name}"  # the bridge side, in the root namespace
+
+    def url(self, port: str, path: str = "") -> str:
+        return f"http://{self.addr}:{NODE_PORTS[port]}{path}"
+
+
+class LocalCluster:
+    def __init__(self, base: Path | None = None, nodes: int = 3,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.base = Path(base or os.environ.get("SMQP_CLUSTER_DIR", "/tmp/smqp-cluster"))
+        self.nodes = [Node(f"n{i}", f"{NET}.{10 + i}") for i in range(1, nodes + 1)]
+        self.extra_env = extra_env or {}
+        self.state_path = self.base / "state.json"
+        self.procs: dict[str, int] = {}
+
+    # --- what clients connect to ---------------------------------------------------------
+    @property
+    def database_url(self) -> str:
+        return (f"postgres://{DB_USER}:{DB_PASSWORD}@{HUB}:{FRONT['pg']}/{DB_NAME}"
+                "?connect_timeout=3")
+
+    @property
+    def sentinels(self) -> list[tuple[str, int]]:
+        return [(HUB, p) for p in SENTINEL_PORTS]
+
+    def node_env(self, node: Node | None = None) -> dict[str, str]:
+        """The environment of a broker node (and of a manage.py run against the cluster)."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SMQP_", "DJANGO_", "REDIS_", "CELERY_", "DATABASE_"))}
+        env.update(
+            DJANGO_SETTINGS_MODULE="broker.settings",
+            DATABASE_URL=self.database_url,
+            REDIS_SENTINELS=",".join(f"{h}:{p}" for h, p in self.sentinels),
+            REDIS_MASTER_NAME=MASTER_NAME,
+            REDIS_URL="redis://sentinel/0",
+            DJANGO_SECRET_KEY=self._secret(),
+            DJANGO_ALLOWED_HOSTS="*",
+            SMQP_SERVER_CONTEXT="cluster.test",
+            SMQP_NODE_NAME=node.name if node else "admin",
+            SMQP_VAR_DIR=str(self.base / (node.name if node else "admin")),
+            SMQP_REPORTS_DIR=str(self.base / "shared" / "reports"),
+            SMQP_HEALTH_PORT=str(NODE_PORTS["health"]),
+            # ACKs commit before 310 ACK on the (synchronously replicated) database: a node's
+            # local ACK journal would die with the node, and its messages be delivered again.
+            SMQP_ACK_JOURNAL="0",
+            SMQP_ACK_DURABILITY="full",
+            SMQP_XMPP_PLAIN="yes",
+            SMQP_PBKDF2_ITERATIONS=os.environ.get("SMQP_PBKDF2_ITERATIONS", "") or "",
+            SMQP_SHUTDOWN_GRACE="2",
+            PYTHONUNBUFFERED="1",
+        )
+        if not env["SMQP_PBKDF2_ITERATIONS"]:
+            del env["SMQP_PBKDF2_ITERATIONS"]
+        env.update(self.extra_env)
+        return env
+
+    def _secret(self) -> str:
+        path = self.base / "secret_key"
+        if not path.exists():
+            path.write_text(os.urandom(24).hex())
+        return path.read_text().strip()
+
+    # --- bookkeeping -------------------------------------------------------------------
+    def _save(self) -> None:
+        self.state_path.write_text(json.dumps({"procs": self.procs,
+                                               "nodes": [n.name for n in self.nodes]}))
+
+    def _load(self) -> None:
+        if self.state_path.exists():
+            state = json.loads(self.state_path.read_text())
+            self.procs = state.get("procs", {})
+            if state.get("nodes"):
+                self.nodes = [Node(n, f"{NET}.{10 + int(n[1:])}") for n in state["nodes"]]
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+               user: str | None = None) -> int:
+        log = (self.base / "logs" / f"{name}.log").open("a")
+        if user is not None:
+            argv = ["runuser", "-u", user, "--", *argv]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=env or os.environ.copy(), start_new_session=True)
+        log.close()
+        self.procs[name] = proc.pid
+        self._save()
+        return proc.pid
+
+    def log(self, name: str) -> str:
+        path = self.base / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # --- up ------------------------------------------------------------------------------
+    def up(self) -> None:
+        if os.geteuid() != 0:
+            raise ClusterError("the local cluster needs root (network namespaces)")
+        for tool in ("ip", "etcd", "patroni", "haproxy", "redis-server"):
+            if shutil.which(tool) is None:
+                raise ClusterError(f"{tool} is missing (make cluster installs it)")
+        if self.state_path.exists():
+            self.down()
+        self.base.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base, 0o755)
+        for sub in ("logs", "shared/reports", "redis", "etcd", "haproxy"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        self._save()
+        try:
+            self._network()
+            self._etcd()
+            self._patroni()
+            self._redis()
+            self._haproxy()
+            self._database()
+            for node in self.nodes:
+                self.start_node(node)
+            for node in self.nodes:
+                self.wait_node_ready(node)
+        except BaseException:
+            self.down(keep_logs=True)
+            raise
+
+    def _network(self) -> None:
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        _run("ip", "addr", "add", f"{HUB}/24", "dev", BRIDGE)
+        _run("ip", "link", "set", BRIDGE, "up")
+        for node in self.nodes:
+            _run("ip", "netns", "add", node.netns)
+            _run("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0",
+                 "netns", node.netns)
+            _run("ip", "link", "set", node.veth, "master", BRIDGE)
+            _run("ip", "link", "set", node.veth, "up")
+            _run("ip", "-n", node.netns, "addr", "add", f"{node.addr}/24", "dev", "eth0")
+            _run("ip", "-n", node.netns, "link", "set", "eth0", "up")
+            _run("ip", "-n", node.netns, "link", "set", "lo", "up")
+
+    def _etcd(self) -> None:
+        data = self.base / "etcd"
+        self._spawn("etcd", [
+            "etcd", "--name", "etcd1", "--data-dir", str(data),
+            "--listen-client-urls", f"http://{HUB}:{ETCD_CLIENT}",
+            "--advertise-client-urls", f"http://{HUB}:{ETCD_CLIENT}",
+            "--listen-peer-urls", f"http://{HUB}:{ETCD_PEER}",
+            "--initial-advertise-peer-urls", f"http://{HUB}:{ETCD_PEER}",
+            "--initial-cluster", f"etcd1=http://{HUB}:{ETCD_PEER}",
+            "--initial-cluster-state", "new", "--enable-v2=true"])
+        _wait(lambda: http_status(f"http://{HUB}:{ETCD_CLIENT}/health") == 200, 60, "etcd")
+
+    def _patroni(self) -> None:
+        bin_dir = _pg_bin_dir()
+        pg = pwd.getpwnam("postgres")
+        for name in ("pg1", "pg2"):
+            home = self.base / name
+            home.mkdir(exist_ok=True)
+            os.chown(home, pg.pw_uid, pg.pw_gid)
+            config = home / "patroni.yml"
+            config.write_text(_render(
+                "patroni.yml", scope="smqp-local", name=name,
+                rest_addr=f"{HUB}:{PATRONI_REST[name]}", etcd_hosts=f"{HUB}:{ETCD_CLIENT}",
+                ttl=PATRONI_TTL, loop_wait=PATRONI_LOOP, retry_timeout=PATRONI_RETRY,
+                network=f"{NET}.0/24", pg_addr=f"{HUB}:{PG_PORTS[name]}",
+                data_dir=home / "data", bin_dir=bin_dir, pgpass=home / "pgpass",
+                replication_password=REPL_PASSWORD, superuser_password=SUPER_PASSWORD,
+                socket_dir=home))
+            os.chown(config, pg.pw_uid, pg.pw_gid)
+            self._spawn(f"patroni-{name}", ["patroni", str(config)], user="postgres")
+            if name == "pg1":
+                _wait(lambda: self.pg_leader() == "pg1", 120, "the first PostgreSQL member")
+        _wait(lambda: http_status(f"http://{HUB}:{PATRONI_REST['pg2']}/sync") == 200, 180,
+              "the replica to stream synchronously")
+
+    def _redis(self) -> None:
+        for i, port in enumerate(REDIS_PORTS):
+            conf = self.base / "redis" / f"redis-{port}.conf"
+            conf.write_text(_render(
+                "redis.conf", addr=HUB, port=port, dir=self.base / "redis",
+                replicaof=f"replicaof {HUB} {REDIS_PORTS[0]}" if i else ""))
+            self._spawn(f"redis-{port}", ["redis-server", str(conf)])
+        for port in SENTINEL_PORTS:
+            conf = self.base / "redis" / f"sentinel-{port}.conf"
+            conf.write_text(_render(
+                "sentinel.conf", addr=HUB, port=port, dir=self.base / "redis",
+                master_name=MASTER_NAME, master_addr=HUB, master_port=REDIS_PORTS[0],
+                down_after_ms=SENTINEL_DOWN_MS, failover_timeout_ms=SENTINEL_FAILOVER_MS))
+            self._spawn(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
+        _wait(lambda: self.redis_master() == (HUB, REDIS_PORTS[0]), 60, "Sentinel's master")
+        _wait(lambda: self._sentinel("SENTINEL", "REPLICAS", MASTER_NAME), 60,
+              "Sentinel to see the replica")
+
+    def _haproxy(self) -> None:
+        def servers(port_name: str, check: str) -> str:
+            return "\n".join(f"    server {n.name} {n.addr}:{NODE_PORTS[port_name]} {check}"
+                             for n in self.nodes)
+
+        cfg = self.base / "haproxy" / "haproxy.cfg"
+        cfg.write_text(_render(
+            "haproxy.cfg", listen_addr=HUB, global_extra="",
+            smqp_port=FRONT["smqp"], qqp_port=FRONT["qqp"], http_port=FRONT["http"],
+            pg_port=FRONT["pg"], stats_port=FRONT["stats"],
+            smqp_servers=servers("smqp", f"check port {NODE_PORTS['health']}"),
+            qqp_servers=servers("qqp", f"check port {NODE_PORTS['health']}"),
+            http_servers=servers("http", "check"),
+            pg_servers="\n".join(
+                f"    server {name} {HUB}:{port} check port {PATRONI_REST[name]}"
+                for name, port in PG_PORTS.items())))
+        _run("haproxy", "-c", "-q", "-f", str(cfg))
+        self._spawn("haproxy", ["haproxy", "-db", "-f", str(cfg)])
+        _wait(lambda: self._connects(HUB, FRONT["pg"]), 30, "HAProxy")
+
+    def _database(self) -> None:
+        import psycopg
+
+        admin = f"postgres://postgres:{SUPER_PASSWORD}@{HUB}:{FRONT['pg']}/postgres"
+        _wait(lambda: psycopg.connect(admin, connect_timeout=3).close() or True, 60,
+              "PostgreSQL through HAProxy")
+        with psycopg.connect(admin, autocommit=True) as db:
+            db.execute(f"CREATE ROLE {DB_USER} LOGIN PASSWORD '{DB_PASSWORD}'")
+            db.execute(f"CREATE DATABASE {DB_NAME} OWNER {DB_USER}")
+        env = self.node_env()
+        Path(env["SMQP_VAR_DIR"]).mkdir(parents=True, exist_ok=True)
+        self.manage("migrate", "--noinput")
+
+    def manage(self, *args: str, timeout: float = 600) -> str:
+        env = self.node_env()
+        Path(env["SMQP_VAR_DIR"]).mkdir(parents=True, exist_ok=True)
+        result = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env,
+                                cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise ClusterError(f"manage.py {' '.join(args)}: {result.stderr[-3000:]}")
+        return result.stdout
+
+    def start_node(self, node: Node) -> None:
+        env = self.node_env(node)
+        Path(env["SMQP_VAR_DIR"]).mkdir(parents=True, exist_ok=True)
+        self._spawn(node.name, [
+            "ip", "netns", "exec", node.netns, sys.executable, str(ROOT / "manage.py"),
+            "runbroker", "--http-host", "0.0.0.0", "--http-port", str(NODE_PORTS["http"]),
+            "--smqp-host", "0.0.0.0", "--smqp-port", str(NODE_PORTS["smqp"]),
+            "--qqp-port", str(NODE_PORTS["qqp"])], env=env)
+
+    def wait_node_ready(self, node: Node, timeout: float = 300) -> None:
+        _wait(lambda: http_status(node.url("health", "/readyz")) == 200
+              and http_status(node.url("http", "/readyz")) == 200, timeout,
+              f"node {node.name} to be ready (log: {self.base / 'logs' / node.name}.log)",
+              interval=0.5)
+
+    # --- what the tests break -------------------------------------------------------------
+    def node_pids(self, node: Node) -> list[int]:
+        out = _run("ip", "netns", "pids", node.netns, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def kill_node(self, node: Node) -> None:
+        """The machine gone: every process of the node at once, SIGKILL."""
+        for pid in self.node_pids(node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _wait(lambda: not self.node_pids(node), 30, f"node {node.name}'s processes to die")
+
+    def cut_link(self, node: Node, up: bool) -> None:
+        _run("ip", "link", "set", node.veth, "up" if up else "down")
+
+    def pg_leader(self) -> str | None:
+        for name, port in PATRONI_REST.items():
+            with contextlib.suppress(OSError):
+                if http_status(f"http://{HUB}:{port}/primary", timeout=2) == 200:
+                    return name
+        return None
+
+    def kill_pg_member(self, name: str) -> None:
+        """The member's machine gone: Patroni and its PostgreSQL, SIGKILL."""
+        pid_file = self.base / name / "data" / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+        self._kill_group(f"patroni-{name}")
+        if postmaster:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(postmaster), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(postmaster, signal.SIGKILL)
+
+    def restart_pg_member(self, name: str) -> None:
+        self._spawn(f"patroni-{name}", ["patroni", str(self.base / name / "patroni.yml")],
+                    user="postgres")
+
+    def _sentinel(self, *command: str):
+        import redis
+
+        for host, port in self.sentinels:
+            with contextlib.suppress(redis.RedisError):
+                return redis.Redis(host, port, socket_timeout=2,
+                                   decode_responses=True).execute_command(*command)
+        return None
+
+    def redis_master(self) -> tuple[str, int] | None:
+        got = self._sentinel("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME)
+        return (got[0], int(got[1])) if got else None
+
+    def kill_redis(self, port: int) -> None:
+        self._kill_group(f"redis-{port}")
+
+    def restart_redis(self, port: int, replica_of: tuple[str, int] | None) -> None:
+        """A Redis back after its death: a replica of the master Sentinel names now."""
+        conf = self.base / "redis" / f"redis-{port}.conf"
+        conf.write_text(_render(
+            "redis.conf", addr=HUB, port=port, dir=self.base / "redis",
+            replicaof=f"replicaof {replica_of[0]} {replica_of[1]}" if replica_of else ""))
+        self._spawn(f"redis-{port}", ["redis-server", str(conf)])
+        _wait(lambda: self._connects(HUB, port), 30, f"Redis on {port}")
+
+    def lease_holders(self) -> dict[str, str]:
+        """Each live cluster lease's holder (broker/store/leases.py), read through HAProxy."""
+        import psycopg
+
+        with psycopg.connect(self.database_url) as db:
+            return dict(db.execute("SELECT name, holder FROM broker_cluster_lease "
+                                   "WHERE expires_at >= now()").fetchall())
+
+    def _kill_group(self, name: str, sig: int = signal.SIGKILL) -> None:
+        pid = self.procs.get(name)
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+    @staticmethod
+    def _connects(host: str, port: int) -> bool:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+
+    # --- down ----------------------------------------------------------------------------
+    def down(self, keep_logs: bool = False) -> None:
+        """Stop everything recorded, remove the namespaces, the bridge and the directory
+        (its logs kept beside it as ``<dir>-logs`` with ``keep_logs``)."""
+        self._load()
+        for node in self.nodes:  # nodes first: they drain (SIGTERM), then anything left dies
+            for pid in self.node_pids(node):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(self.node_pids(n) for n in self.nodes):
+            time.sleep(0.2)
+        for node in self.nodes:
+            for pid in self.node_pids(node):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        postmasters = []
+        for name in PG_PORTS:
+            pid_file = self.base / name / "data" / "postmaster.pid"
+            if pid_file.exists():
+                with contextlib.suppress(ValueError, OSError):
+                    postmasters.append(int(pid_file.read_text().split()[0]))
+        for name in list(self.procs):
+            self._kill_group(name, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(self._alive(p) for p in self.procs.values()):
+            time.sleep(0.2)
+        for name in list(self.procs):
+            self._kill_group(name)
+        for pid in postmasters:  # a postmaster whose Patroni was killed first
+            if self._alive(pid) and "postgres" in self._cmdline(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for node in self.nodes:
+            _run("ip", "link", "del", node.veth, check=False)
+            _run("ip", "netns", "del", node.netns, check=False)
+        _run("ip", "link", "del", BRIDGE, check=False)
+        self.procs = {}
+        kept = self.base.with_name(self.base.name + "-logs")
+        shutil.rmtree(kept, ignore_errors=True)
+        if keep_logs and (self.base / "logs").exists():
+            shutil.copytree(self.base / "logs", kept)
+        if self.base.exists():
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie child of ours counts as gone.
+        with contextlib.suppress(ChildProcessError, OSError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return False
+        return Path(f"/proc/{pid}").exists() and "zombie" not in LocalCluster._status(pid)
+
+    @staticmethod
+    def _status(pid: int) -> str:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("State:"):
+                    return line.lower()
+        return ""
+
+    @staticmethod
+    def _cmdline(pid: int) -> str:
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return ""
+
+    def describe(self) -> str:
+        lines = ["SMQP cluster up:",
+                 f"  SMQP            {HUB}:{FRONT['smqp']}   (HAProxy over "
+                 f"{', '.join(n.addr for n in self.nodes)})",
+                 f"  QQP             {HUB}:{FRONT['qqp']}",
+                 f"  HTTP/REST/admin http://{HUB}:{FRONT['http']}/admin/",
+                 f"  XMPP WebSocket  ws://{HUB}:{FRONT['http']}/xmpp-websocket",
+                 f"  HAProxy stats   http://{HUB}:{FRONT['stats']}/",
+                 f"  PostgreSQL      {self.database_url} (leader: {self.pg_leader()})",
+                 f"  Redis Sentinels {', '.join(f'{h}:{p}' for h, p in self.sentinels)} "
+                 f"(master {self.redis_master()})",
+                 f"  logs            {self.base / 'logs'}",
+                 "  Stop with: make cluster-stop"]
+        return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.local", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("--nodes", type=int, default=3)
+    args = parser.parse_args(argv)
+    cluster = LocalCluster(nodes=args.nodes)
+    if args.action == "down":
+        cluster.down()
+        print("SMQP cluster stopped and removed.")
+        return 0
+    if args.action == "status":
+        cluster._load()
+        if not cluster.procs:
+            print("no local cluster")
+            return 1
+        print(cluster.describe())
+        return 0
+    try:
+        cluster.up()
+    except ClusterError as exc:
+        print(f"cluster not started: {exc}", file=sys.stderr)
+        return 1
+    cluster.manage("bootstrapadmin")
+    print(cluster.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

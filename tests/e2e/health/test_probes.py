@@ -1,0 +1,129 @@
+"""``/healthz`` and ``/readyz`` over real HTTP: Daphne's (database, Redis) and the SMQP
+listener's own health port (database, Redis, its storage processes, draining on SIGTERM),
+what HAProxy checks before it sends a node clients (deploy/haproxy.cfg)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import accounts_script, daphne, fresh_database, listener, run_manage
+from tests.support.smqp_session import Session
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=15) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_daphne_probes_answer_ready_then_name_redis_when_it_is_gone(backend, tmp_path):
+    with fresh_database(backend, tmp_path) as env:
+        with daphne(env, tmp_path) as url:
+            assert get(f"{url}/healthz") == (200, "ok\n")
+            status, body = get(f"{url}/readyz")
+            assert (status, json.loads(body)) == (
+                200, {"ready": True, "checks": {"database": "ok", "redis": "ok"}})
+        no_redis = {**env, "REDIS_URL": f"redis://127.0.0.1:{closed_port()}/0"}
+        with daphne(no_redis, tmp_path, "daphne-no-redis.log") as url:
+            assert get(f"{url}/healthz") == (200, "ok\n")  # alive all the same
+            status, body = get(f"{url}/readyz")
+            checks = json.loads(body)["checks"]
+            assert status == 503 and checks["database"] == "ok"
+            assert "ConnectionError" in checks["redis"]
+
+
+def test_daphne_readyz_names_a_database_it_cannot_open(tmp_path):
+    with fresh_database("sqlite", tmp_path) as env:
+        gone = {**env, "DATABASE_URL": f"sqlite:///{tmp_path / 'missing-dir' / 'db.sqlite3'}"}
+        with daphne(gone, tmp_path, "daphne-no-db.log") as url:
+            status, body = get(f"{url}/readyz")
+            checks = json.loads(body)["checks"]
+            assert status == 503 and checks["redis"] == "ok"
+            assert "OperationalError" in checks["database"]
+
+
+def health_url(log: str) -> str:
+    return re.search(r"Health checks on (http://[\d.]+:\d+)/readyz", log)[1]
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def wait_for_status(url: str, status: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        got, body = get(url)
+        if got == status:
+            return json.loads(body)
+        assert time.monotonic() < deadline, f"{url}: {got} {body}, not {status}"
+        time.sleep(0.1)
+
+
+def test_listener_health_port_checks_storage_processes_and_drains(tmp_path):
+    with fresh_database("postgres", tmp_path) as env:
+        run_manage(env, "shell", "--no-imports", "-c", accounts_script("bob"))
+        with listener(env, tmp_path, "--health-port", "0", "--grace", "4") as broker:
+            deadline = time.monotonic() + 30
+            while "Health checks on" not in broker.log():
+                assert time.monotonic() < deadline, broker.log()
+                time.sleep(0.05)
+            url = health_url(broker.log())
+            assert get(f"{url}/healthz") == (200, '{"live": true}\n')
+            ready = wait_for_status(f"{url}/readyz", 200)
+            assert ready == {"ready": True, "checks": {
+                "listener": "ok", "database": "ok", "redis": "ok", "storage": "ok"}}
+            # A storage process killed: not ready until the listener has started it again
+            # (the next group commit does).
+            lanes = children(broker.proc.pid)
+            assert lanes, "the listener runs its group commits in storage processes"
+            os.kill(lanes[0], signal.SIGKILL)
+            down = wait_for_status(f"{url}/readyz", 503, 30)
+            assert down["checks"]["storage"].startswith("storage process down")
+            with Session(broker.host, broker.port, "bob") as bob:
+                for i in range(3):
+                    bob.publish("/accounts/bob", f"m{i}")
+            wait_for_status(f"{url}/readyz", 200, 60)
+            # Wrong method, unknown path, garbage: answered, and the port stays up.
+            request = urllib.request.Request(f"{url}/readyz", method="POST", data=b"")
+            try:
+                urllib.request.urlopen(request, timeout=10)
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 405
+            assert get(f"{url}/metrics")[0] == 404
+            host, port = url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as raw:
+                raw.sendall(b"\x00garbage\r\n\r\n")
+                assert raw.recv(100).startswith(b"HTTP/1.1 400")
+            # SIGTERM: sessions get NOTIFY SERVER BYE, and during the grace period (a
+            # session is still there) the check says 503: no new sessions are sent here.
+            with Session(broker.host, broker.port, "bob"):
+                broker.proc.send_signal(signal.SIGTERM)
+                draining = wait_for_status(f"{url}/readyz", 503, 10)
+            assert draining == {"ready": False,
+                                "checks": {"listener": "draining: shutting down"}}
+            broker.proc.wait(timeout=30)

@@ -1,0 +1,36 @@
+"""REDIS_SENTINELS / REDIS_MASTER_NAME turned into each Redis client's configuration."""
+
+import pytest
+
+from broker.redisconf import from_environment, parse_sentinels
+
+
+def test_plain_url_is_unchanged_for_every_client():
+    conf = from_environment({"REDIS_URL": "redis://10.0.0.5:6380/4"})
+    assert conf.channel_host() == "redis://10.0.0.5:6380/4"
+    assert conf.cache_location_and_options() == ("redis://10.0.0.5:6380/4", {})
+    assert conf.celery_broker() == ("redis://10.0.0.5:6380/4", {})
+
+
+def test_sentinels_parsed_with_default_port_and_ipv6():
+    assert parse_sentinels("a:1, b ,[::1]:3,[fe80::2]") == [
+        ("a", 1), ("b", 26379), ("::1", 3), ("fe80::2", 26379)]
+    with pytest.raises(ValueError):
+        parse_sentinels("a:port")
+
+
+def test_sentinel_configuration_of_each_client():
+    conf = from_environment({"REDIS_URL": "redis://:p%40ss@ignored/3",
+                             "REDIS_SENTINELS": "s1:26379,s2:26380",
+                             "REDIS_MASTER_NAME": "main", "REDIS_SENTINEL_PASSWORD": "sp"})
+    host = conf.channel_host()
+    assert host["sentinels"] == [("s1", 26379), ("s2", 26380)]
+    assert (host["master_name"], host["db"], host["password"]) == ("main", 3, "p@ss")
+    assert host["sentinel_kwargs"]["password"] == "sp"
+    location, options = conf.cache_location_and_options()
+    assert location == "sentinel://main/3"
+    assert options["pool_class"] == "broker.redisconf.CacheSentinelPool"
+    assert options["password"] == "p@ss"
+    url, transport = conf.celery_broker()
+    assert url == "sentinel://:p%40ss@s1:26379;sentinel://:p%40ss@s2:26380/3"
+    assert transport == {"master_name": "main", "sentinel_kwargs": {"password": "sp"}}
