@@ -123,6 +123,11 @@ class XMPPConsumer(AsyncConsumer):
         finally:
             if layer_events is not None:
                 layer_events.cancel()
+            # Whatever ended the loop (the disconnect, an exception, the server cancelling
+            # this instance), the session ends with it: never a live session without its
+            # transport. Shielded: a cancelled instance still releases its locks.
+            if getattr(self, "stream", None) is not None:
+                await asyncio.shield(self._end_session())
 
     async def _layer_events(self) -> None:
         while True:
@@ -158,6 +163,8 @@ class XMPPConsumer(AsyncConsumer):
         self.closing = False
         self._held_frames: list[str] | None = None
         self._disconnected = False
+        self._ended = False
+        self._acks_after_flush: list[ack_service.AckRequest] = []
         self.authenticated: Account | None = None
         self.account: Account | None = None
         self.account_id = 0
@@ -199,8 +206,16 @@ class XMPPConsumer(AsyncConsumer):
             await self._stream_error("internal-server-error")
 
     async def websocket_disconnect(self, event: dict) -> None:
-        self.closing = True
         self._disconnected = True
+        await self._end_session()
+        raise StopConsumer()
+
+    async def _end_session(self) -> None:
+        """The transport ended: the session ends, its locks go back, once."""
+        if self._ended:
+            return
+        self._ended = True
+        self.closing = True
         self._login_timer.cancel()
         if self._lock_timer is not None:
             self._lock_timer.cancel()
@@ -209,8 +224,12 @@ class XMPPConsumer(AsyncConsumer):
         if self._pump_task is not None:
             self._pump_task.cancel()
         if self.account is not None and self.channel_layer is not None:
-            await self.channel_layer.group_discard(notify.account_group(self.account_id),
-                                                   self.channel_name)
+            try:
+                await self.channel_layer.group_discard(notify.account_group(self.account_id),
+                                                       self.channel_name)
+            except Exception:  # the group expires in Redis; the session must still end
+                logger.warning("leaving the account group failed for %s", self.peer,
+                               exc_info=True)
         if self.session is not None:
             session, self.session = self.session, None
             if self.held or self._took_locks:
@@ -219,25 +238,45 @@ class XMPPConsumer(AsyncConsumer):
                 except Exception:  # the lock sweep ends them
                     logger.exception("releasing the locks of %s failed", session.guid)
             await dbthread.run(auth_service.end_session, session)
-        raise StopConsumer()
 
-    async def _write(self, text: str) -> None:
+    async def _write(self, text: str) -> bool:
+        """Hand a frame to the transport (or hold it for this stanza's flush); False when
+        it cannot go any more (the stream is closing, the transport is gone)."""
         if self.closing:
-            return
+            return False
         if self._held_frames is not None:
             self._held_frames.append(text)
-            return
-        await self.send({"type": "websocket.send", "text": text})
+            return True
+        return await self._send_frame(text)
+
+    async def _send_frame(self, text: str) -> bool:
+        if self._disconnected:
+            return False
+        try:
+            await self.send({"type": "websocket.send", "text": text})
+        except Exception:
+            # The peer closed the WebSocket under us (Daphne raises autobahn's
+            # Disconnected; other servers their own error): an ordinary end, no traceback.
+            # websocket.disconnect follows, or the consumer's loop ends; either ends the
+            # session.
+            logger.debug("XMPP transport of %s closed while sending", self.peer)
+            self._disconnected = True
+            self.closing = True
+            return False
+        return True
 
     async def _flush(self) -> None:
         """Send the frames held while a stanza was handled, one after the other in one go:
         Daphne's transport then writes them in one segment. Frames sent apart wait for the
-        peer's delayed ACK (Nagle: Daphne's sockets have no TCP_NODELAY), 40 ms a time."""
+        peer's delayed ACK (Nagle: Daphne's sockets have no TCP_NODELAY), 40 ms a time.
+        Fan-out deliveries written meanwhile are ACKed once their frames went."""
         held, self._held_frames = self._held_frames, None
+        acks, self._acks_after_flush = self._acks_after_flush, []
         for text in held or ():
-            if self.closing:
-                break
-            await self.send({"type": "websocket.send", "text": text})
+            if not await self._send_frame(text):
+                return
+        for request in acks:
+            await self.dispatcher.ack(request, self)
 
     async def _stream_error(self, condition: str, text: str = "") -> None:
         """End the stream: the stream error and ``<close/>``; the client closes the
@@ -255,7 +294,13 @@ class XMPPConsumer(AsyncConsumer):
 
     def _close_socket(self) -> None:
         if not self._disconnected:
-            self._spawn(self.send({"type": "websocket.close", "code": 1000}))
+            self._spawn(self._close_transport())
+
+    async def _close_transport(self) -> None:
+        try:
+            await self.send({"type": "websocket.close", "code": 1000})
+        except Exception:  # closed by the peer meanwhile
+            self._disconnected = True
 
     def _login_timed_out(self) -> None:
         if self.session is None and not self.closing:
@@ -459,6 +504,9 @@ class XMPPConsumer(AsyncConsumer):
         if not RESOURCE_OK.match(resource):
             raise s.IqFault("bad-request", text="resource")
         session = await dbthread.run(self._begin_session, account)
+        if self._ended:  # the transport ended while the session began
+            await dbthread.run(auth_service.end_session, session)
+            return None  # type: ignore[return-value]
         self._login_timer.cancel()
         self.account, self.account_id, self.session = account, account.pk, session
         self.jid = f"{account.username}@{self.domain}/{resource}"
@@ -882,17 +930,24 @@ class XMPPConsumer(AsyncConsumer):
             self.received[(key, item_id)] = None
             while len(self.received) > RECEIVED_MEMORY:
                 self.received.popitem(last=False)
-            await self._write(text)
+            if not await self._write(text):
+                return  # the stream is ending: its locks go back with it
             self.dispatcher.metrics.count("deliver")
             mailbox.acked(smuid)  # the slot is free; the lock stays until retract/unlock
             self._arm_lock_timer()
             return
-        await self._write(text)
+        held = self._held_frames is not None
+        if not await self._write(text):
+            return  # not sent: the stream is ending, and the message stays unACKed
         self.dispatcher.metrics.count("deliver")
-        # Profile §3: delivered to the account once written to one session.
+        # Profile §3: delivered to the account once written to one session (a frame held
+        # for the stanza's flush: once the flush wrote it).
         receipt = ack_service.may_want_receipt(message)
-        await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,
-                                                         mailbox.attempts, receipt), self)
+        request = ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt)
+        if held:
+            self._acks_after_flush.append(request)
+        else:
+            await self.dispatcher.ack(request, self)
         mailbox.acked(smuid)
 
     def _arm_lock_timer(self) -> None:

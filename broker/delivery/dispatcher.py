@@ -200,7 +200,7 @@ class Dispatcher:
                 if recent and (account_id, smuid) in recent:
                     continue
                 for session in tuple(self.sessions.get(account_id, ())):
-                    if session.mailbox.offer(priority, smuid):
+                    if session.mailbox.offer(priority, smuid, live=True):
                         session.kick()
 
     def withdraw(self, items: Iterable[tuple[int, int]]) -> None:
@@ -239,6 +239,12 @@ class Dispatcher:
         ``SMQP_ACK_DURABILITY=full``), the database following in the next ACK batch; without
         a journal, once that batch committed. The account's other sessions here then no
         longer send it."""
+        if (request.account_id, request.smuid) in self._recent_acks:
+            # Recorded already for the account (another of its live sessions got it too):
+            # the delivery is ACKed once, and its usage event is logged once.
+            if self.journal is not None and settings.SMQP_ACK_DURABILITY == "full":
+                await self._synced()
+            return
         if self.journal is None:
             future = asyncio.get_running_loop().create_future()
             # A backlog read running now may not see this ACK's commit: see backlog().
@@ -265,12 +271,14 @@ class Dispatcher:
             await self._synced()
         self._forget_elsewhere(request, session)
 
-    def _forget_elsewhere(self, request: AckRequest, session: Session | None) -> None:
+    def _forget_elsewhere(self, request: AckRequest, session: Session | None,
+                          live_too: bool = False) -> None:
         """An ACK recorded: the account's other sessions skip the message if it waits there
-        (one already on its way there still goes)."""
+        (one already on its way there still goes); a fan-out message offered to them live
+        still goes to each (profile §8), unless ``live_too`` (a queue message consumed)."""
         for other in self.sessions.get(request.account_id, ()):
             if other is not session:
-                other.mailbox.forget(request.smuid)
+                other.mailbox.forget(request.smuid, live_too=live_too)
 
     async def _synced(self) -> None:
         """Returns once the journal is on disk up to here: one fdatasync (on a thread)
@@ -737,7 +745,7 @@ class Dispatcher:
                                       request.smuid, request.receipt)
         self.metrics.count("ack")
         self._acked_here(request)
-        self._forget_elsewhere(request, session)
+        self._forget_elsewhere(request, session, live_too=True)
         self.wake(receipts)
 
     async def release(self, account_id: int, session_guid: str,

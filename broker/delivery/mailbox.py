@@ -42,8 +42,8 @@ class Mailbox:
     """One session's delivery state. ``payload`` is whatever the door sends for a message
     (the dispatcher's (topic path, Cmuid header, message)); the mailbox only keeps it."""
 
-    __slots__ = ("_horizon", "_locks", "_max_retries", "_paged_in_pass", "_queued", "_skip",
-                 "_waiting", "_withdrawn", "attempts", "inflight", "inflight_locked",
+    __slots__ = ("_horizon", "_live", "_locks", "_max_retries", "_paged_in_pass", "_queued",
+                 "_skip", "_waiting", "_withdrawn", "attempts", "inflight", "inflight_locked",
                  "inflight_payload", "page_size", "preparing", "retry_deadline")
 
     def __init__(self, page_size: int) -> None:
@@ -54,6 +54,10 @@ class Mailbox:
         # In _skip because the store moved it to another account (queue mode): if it comes
         # back to this account (offered again), it goes after all.
         self._withdrawn: set[int] = set()
+        # In _waiting because its commit was announced while this session was live (not
+        # read from the store): it goes here even if another session of the account ACKs
+        # it first (profile §8: every live session gets live messages).
+        self._live: set[int] = set()
         # Set while the store holds more waiting messages than are held here: the
         # (priority, smuid) of the last one held. Messages after it come with the next page.
         self._horizon: tuple[int, int] | None = None
@@ -72,10 +76,13 @@ class Mailbox:
 
     # ------------------------------------------------------------------ offers
 
-    def offer(self, priority: int, smuid: int) -> bool:
+    def offer(self, priority: int, smuid: int, *, live: bool = False) -> bool:
         """A message for this session's account. True when it was queued and nothing is in
-        flight: the door should start its pump (unless it runs already)."""
+        flight: the door should start its pump (unless it runs already). ``live``: offered
+        at its commit (not read from the store), see :meth:`forget`."""
         if smuid in self._queued:
+            if live and smuid not in self._skip:
+                self._live.add(smuid)
             if smuid in self._withdrawn:  # moved away, and back to this account since
                 self._withdrawn.discard(smuid)
                 self._skip.discard(smuid)
@@ -92,6 +99,8 @@ class Mailbox:
             return False  # stored, and comes with the next page of the backlog
         heapq.heappush(self._waiting, (priority, smuid))
         self._queued.add(smuid)
+        if live:
+            self._live.add(smuid)
         return self.inflight is None
 
     def page(self, rows: Sequence[tuple[int, int, int]], full: bool) -> bool:
@@ -106,10 +115,13 @@ class Mailbox:
                 kick = True
         return kick
 
-    def forget(self, smuid: int) -> None:
-        """Another session of the account ACKed it: do not send it here any more. One already
-        on its way (preparing, in flight) still goes, and is ACKed here as well."""
-        if smuid in self._queued:
+    def forget(self, smuid: int, *, live_too: bool = False) -> None:
+        """Another session of the account ACKed it: do not send it here any more, unless it
+        came live (offered at its commit while this session was live: every live session
+        gets live messages) and ``live_too`` is False (a fan-out ACK; a queue message's ACK
+        consumes it for everyone). One already on its way (preparing, in flight) still
+        goes, and is ACKed here as well."""
+        if smuid in self._queued and (live_too or smuid not in self._live):
             self._skip.add(smuid)
 
     def withdraw(self, smuid: int) -> None:
@@ -148,6 +160,7 @@ class Mailbox:
         while waiting:
             _, smuid = heapq.heappop(waiting)
             self._queued.discard(smuid)
+            self._live.discard(smuid)
             if smuid in self._skip:
                 self._skip.discard(smuid)
                 self._withdrawn.discard(smuid)

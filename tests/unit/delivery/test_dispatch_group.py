@@ -21,7 +21,7 @@ class Probe:
         self.offered: list[tuple[int, int]] = []
         self.mailbox = self  # offers go to the session's mailbox
 
-    def offer(self, priority: int, smuid: int) -> bool:
+    def offer(self, priority: int, smuid: int, *, live: bool = False) -> bool:
         self.offered.append((priority, smuid))
         return False  # nothing to kick
 

@@ -146,6 +146,34 @@ def test_forget_does_not_stop_a_message_already_on_its_way():
     assert drain(mailbox) == [10]
 
 
+def test_a_live_message_still_goes_when_another_session_acked_it():
+    """Issue 34, item 9 (profile §8): every live session gets live messages."""
+    mailbox = Mailbox(PAGE)
+    mailbox.offer(1, 9, live=True)
+    mailbox.offer(1, 10)  # from the store (a backlog page)
+    mailbox.forget(9)
+    mailbox.forget(10)
+    assert drain(mailbox) == [9]
+    assert not mailbox._live and not mailbox._skip
+
+
+def test_a_live_queue_message_consumed_elsewhere_is_skipped():
+    mailbox = Mailbox(PAGE)
+    mailbox.offer(1, 9, live=True)
+    mailbox.offer(1, 10, live=True)
+    mailbox.forget(9, live_too=True)
+    assert drain(mailbox) == [10]
+    assert not mailbox._live
+
+
+def test_a_backlog_message_offered_live_again_is_live():
+    mailbox = Mailbox(PAGE)
+    mailbox.offer(1, 9)
+    assert not mailbox.offer(1, 9, live=True)  # queued once
+    mailbox.forget(9)
+    assert drain(mailbox) == [9]
+
+
 def test_forget_of_a_message_never_offered_is_nothing():
     mailbox = Mailbox(PAGE)
     mailbox.forget(9)

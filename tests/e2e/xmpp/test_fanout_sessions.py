@@ -1,0 +1,48 @@
+"""Issue 34, item 9: every live session of an account gets live fan-out messages (SMQP
+profile §8), whatever the timing: two resources of one account online, items published
+back to back to a fan-out node, each resource gets every one of them, in order."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.xmpp_session import PUBSUB, XmppSession
+
+from .test_xmpp import create, node, ok, session, subscribe, xmpp  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.e2e
+
+ROUNDS = 5
+ITEMS = 5
+
+
+def _publish_back_to_back(pub: XmppSession, path: str, ids: list[str]) -> None:
+    sent = [pub.send_iq("set", f"<pubsub xmlns='{PUBSUB}'><publish node='{path}'><item "
+                        f"id='{i}'><n xmlns='urn:f'/></item></publish></pubsub>") for i in ids]
+    for iq_id in sent:
+        ok(pub.reply(iq_id))
+
+
+def test_every_live_session_of_an_account_gets_every_live_item(xmpp):  # noqa: F811
+    _, url = xmpp
+    pub = session(url, "alice")
+    path = node()
+    create(pub, path)
+    r1, r2 = session(url, "jtegen", resource="r1"), session(url, "jtegen", resource="r2")
+    ok(subscribe(r1, path))
+    for n in range(ROUNDS):
+        ids = [f"n{n}i{i}" for i in range(ITEMS)]
+        _publish_back_to_back(pub, path, ids)
+        for s in (r1, r2):
+            got = []
+            deadline = time.monotonic() + 20
+            while len(got) < len(ids) and (left := deadline - time.monotonic()) > 0:
+                try:
+                    got.append(s.event("item", node=path, timeout=left)[1].get("id"))
+                except AssertionError:  # none within the time left
+                    break
+            assert got == ids, (s.jid, got)
+    for s in (pub, r1, r2):
+        s.close()
