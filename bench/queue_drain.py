@@ -548,6 +548,7 @@ from accounts.models import Account
 from api.tokens import create_token
 from broker.models import Subscription
 from broker.services import topics as ts
+from topics import tree
 from topics.models import Topic
 from ual.models import UALEntry
 from ual.resolution import AccessSnapshot
@@ -572,6 +573,8 @@ for slot, kind in cfg["slots"].items():
         Subscription.objects.create(account=account, resource="MESSAGE", pattern=path)
     if kind == "rest":
         tokens[slot] = create_token(account, "bench", None)[1]
+# A raw update bumps no tree generation: running processes must hear of the queue mode.
+tree.changed()
 print(json.dumps(tokens))
 '''
 

@@ -326,7 +326,10 @@ def main(args: argparse.Namespace) -> int:
                 assert root.command(f"CREATE TOPIC {node}\r\n".encode()).startswith(b"200")
                 broker.run_python(
                     "from topics.models import Topic\n"
-                    f"Topic.objects.filter(path='{node}').update(delivery_mode='queue')\n")
+                    f"Topic.objects.filter(path='{node}').update(delivery_mode='queue')\n"
+                    # A raw update bumps no tree generation: without this the running
+                    # listeners keep the node as fan-out (issue 38's q=16 "hang").
+                    "from topics import tree; tree.changed()\n")
                 if requests:
                     first = _XMPP(url, "worker")
                     first.subscribe(node, requests)
