@@ -1,4 +1,5 @@
-"""``smqp``: the command-line client (``smqp pub``, ``sub``, ``get``, ``topics``, ``shell``).
+"""``smqp``: the command-line client (``smqp pub``, ``sub``, ``get``, ``topics``, ``shell``,
+and ``admin``: the operators' commands over the REST API, :mod:`.admin`).
 
 Every subcommand connects, logs in with CLEAR/1.0 (the password from ``SMQP_PASSWORD`` or a
 prompt), does its work and QUITs. Output is for people, or one JSON object per line with
@@ -20,6 +21,7 @@ from collections.abc import Callable
 
 from broker.smqp.client import NotifyMessage, NotifyServer, NotifySub, NotifyTopic, ServerAck
 
+from . import admin
 from .connection import CLIError, Connection, describe, message_dict
 
 DEFAULT_PORT = 720
@@ -96,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "commands. History is kept in ~/.smqp_history.")
     sh.add_argument("--no-auto-ack", action="store_true",
                     help="do not acknowledge messages by itself (type :ack)")
+    admin.add_parser(sub)
     return parser
 
 
@@ -110,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         "pub": cmd_pub, "sub": cmd_sub, "get": cmd_get, "topics": cmd_topics,
     }
     try:
+        if args.verb == "admin":
+            return admin.run(args)
         if args.verb == "shell":
             from .shell import run_shell
 

@@ -221,6 +221,10 @@ class XMPPConsumer(AsyncConsumer):
             await dbthread.run(auth_service.end_session, session)
         raise StopConsumer()
 
+    def _count_out(self) -> None:
+        """One message sent to this session (the operators' sessions list)."""
+        self.dispatcher.metrics.session(self.session.guid if self.session else None, "out")
+
     async def _write(self, text: str) -> None:
         if self.closing:
             return
@@ -884,11 +888,13 @@ class XMPPConsumer(AsyncConsumer):
                 self.received.popitem(last=False)
             await self._write(text)
             self.dispatcher.metrics.count("deliver")
+            self._count_out()
             mailbox.acked(smuid)  # the slot is free; the lock stays until retract/unlock
             self._arm_lock_timer()
             return
         await self._write(text)
         self.dispatcher.metrics.count("deliver")
+        self._count_out()
         # Profile §3: delivered to the account once written to one session.
         receipt = ack_service.may_want_receipt(message)
         await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,
