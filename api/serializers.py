@@ -664,10 +664,25 @@ class OpsSessionSerializer(serializers.Serializer):
         allow_null=True, help_text="Why the counters could not be read (then they are 0).")
 
 
+ACCOUNT_NAME = re.compile(r"[^\W\d_]\w{0,63}")
+
+
+def _account_name(value: str) -> None:
+    # Checked here, not as a schema "pattern": JSON Schema's \w is ASCII only, an account
+    # name's is Unicode (Account.username_validator).
+    if not ACCOUNT_NAME.fullmatch(value):
+        raise serializers.ValidationError(
+            "Not an account name (a letter, then letters, digits and _).")
+
+
+def AccountName(**kwargs) -> serializers.CharField:
+    return serializers.CharField(max_length=64, validators=[_account_name], **kwargs)
+
+
 class SessionQuerySerializer(serializers.Serializer):
-    account = serializers.CharField(required=False, max_length=64,
-                                    help_text="Only this account's sessions.")
-    door = serializers.CharField(required=False, max_length=16, help_text="Only this door's.")
+    account = AccountName(required=False, help_text="Only this account's sessions.")
+    door = serializers.CharField(required=False, max_length=16,
+                                 help_text="Only this door's (smqp, xmpp, qqp).")
 
 
 class ConsumerSubscriptionSerializer(serializers.Serializer):
@@ -769,7 +784,7 @@ class DefinitionTopicSerializer(Body):
 
 
 class DefinitionAccountSerializer(Body):
-    username = serializers.RegexField(r"^[^\W\d_]\w{0,63}\Z", max_length=64)
+    username = AccountName()
     email = serializers.EmailField(max_length=254, required=False, allow_blank=True)
     proper_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     is_active = serializers.BooleanField(required=False)

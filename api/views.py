@@ -810,6 +810,15 @@ class IndexView(APIView):
 
 GUID_PARAM = OpenApiParameter("guid", OpenApiTypes.STR, OpenApiParameter.PATH,
                               description="The session's guid (jtegen0456).")
+#: What a guid can be (an account name and a number): nothing else is looked up (no
+#: database takes a NUL, say).
+GUID = re.compile(r"\w{1,100}")
+
+
+def session_guid(guid: str) -> str:
+    if not GUID.fullmatch(guid):
+        raise not_found("session")
+    return guid
 
 
 class SessionsView(APIView):
@@ -840,7 +849,7 @@ class SessionView(APIView):
 
     @extend_schema(parameters=[GUID_PARAM], responses=s.OpsSessionSerializer)
     def get(self, request: Request, guid: str) -> Response:
-        rows, _ = operations.sessions(guid=guid, limit=1)
+        rows, _ = operations.sessions(guid=session_guid(guid), limit=1)
         if not rows:
             raise not_found("session")
         return Response(rows[0])
@@ -849,7 +858,7 @@ class SessionView(APIView):
     def delete(self, request: Request, guid: str) -> Response:
         """Close the session: its listener says NOTIFY SERVER BYE (XMPP: a stream error)
         and disconnects; its queue-mode locks end. 202: asked, not yet done."""
-        operations.close_session(request.user, guid)
+        operations.close_session(request.user, session_guid(guid))
         return Response(status=status.HTTP_202_ACCEPTED)
 
 

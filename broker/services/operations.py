@@ -19,7 +19,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, ProtectedError
 from django.utils import timezone
 
 from accounts.models import Account, LoginSession
@@ -105,9 +105,10 @@ def close_session(actor: Account, guid: str) -> None:
 
 
 def _real_topic(path: str) -> tuple[Topic, Topic]:
-    """(the topic as named, its real topic); 404 for none or one being removed."""
+    """(the topic as named, its real topic); 404 for none. A topic being removed is
+    still there for these (a purge lets it go sooner)."""
     found = topic_service.find(path)
-    if found is None or found.state != Topic.State.ACTIVE:
+    if found is None:
         raise not_found("topic")
     return found, found.resolved()
 
@@ -302,8 +303,12 @@ def delete_account(actor: Account, name: str) -> None:
     _audit(actor, account, DELETION, f"Deleted account {account.username} (api).")
     for guid in guids:
         stats.close_session(guid)
-    with acting_as(f"{actor.username} (api)"):
-        account.delete()
+    try:
+        with transaction.atomic(), acting_as(f"{actor.username} (api)"):
+            account.delete()
+    except ProtectedError as exc:  # a virtual topic stands for its account topic
+        names = ", ".join(sorted(str(t) for t in exc.protected_objects)[:5])
+        raise conflict(f"virtual topics link to its account topic: {names}") from None
 
 
 # ----------------------------------------------------------------------------- definitions
