@@ -17,8 +17,6 @@ pytestmark = pytest.mark.e2e
 
 
 def test_sessions_page_shows_the_counters(stack, browser, shoot):  # noqa: F811
-    from selenium.webdriver.common.by import By
-
     with Session(stack.smqp.host, stack.smqp.port, "bob") as bob, \
             Session(stack.smqp.host, stack.smqp.port, "alice") as alice:
         assert bob.command("SUB MESSAGE /ops/a").code == 200
@@ -41,14 +39,20 @@ def test_sessions_page_shows_the_counters(stack, browser, shoot):  # noqa: F811
             return row_text("messages_out") == "3" and row_text("unacked") == "1"
 
         wait_until(counted, what="bob's counters on the sessions page")
-        headers = [th.text.lower() for th in browser.find_elements(  # (CSS upper-cases)
-            By.CSS_SELECTOR, "#ops-session-list thead th")]
+        headers = browser.execute_script(  # textContent: CSS shows them upper-cased
+            "return [...document.querySelectorAll('#ops-session-list thead th')]"
+            ".map(th => th.textContent.trim());")
         assert headers[:12] == ["guid", "account", "door", "login", "client", "since", "in",
                                 "out", "unacked", "locked", "in/s", "out/s"]
         assert float(row_text("rate_out")) > 0
-        alice_row = browser.find_element(
-            By.XPATH, "//tr[@data-guid][td[2][text()='alice']]")
-        assert alice_row.find_element(By.CSS_SELECTOR, '[data-field="messages_in"]').text == "3"
+        # (In one script: the page reloads itself every 10 s, which would leave a found
+        # element stale.)
+        alice_in = browser.execute_script(
+            "for (const tr of document.querySelectorAll('#ops-session-list tr[data-guid]'))"
+            "  if (tr.cells[1].textContent.trim() === 'alice')"
+            "    return tr.querySelector('[data-field=messages_in]').textContent.trim();"
+            "return null;")
+        assert alice_in == "3"
         # No column cut off: the table fits the 1,400 px window.
         assert browser.execute_script(
             "const t = document.getElementById('ops-session-list');"
