@@ -5,12 +5,19 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Mapping
 
 from rest_framework import serializers
 
 from broker.domain import message as codec
 from broker.domain.errors import ProtocolError
-from broker.domain.values import validate_keyword
+from broker.domain.values import (
+    parse_bool,
+    parse_datetime,
+    parse_int,
+    parse_timeout,
+    validate_keyword,
+)
 from topics.models import QUEUE_PARAMETERS, Topic
 from ual.models import Effect, PrincipalKind, Right
 
@@ -23,6 +30,20 @@ MIME_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/"
                        r"(\s*;\s*[A-Za-z0-9_.-]+=(\"[^\"\x00-\x1f]*\"|[A-Za-z0-9_.-]+))*")
 #: Header names a publish may not set: the server writes them (or they belong to sections).
 RESERVED = {"smuid", "cmuid", "topic", "content-type", "content-length", "content-encoding"}
+
+
+class Body(serializers.Serializer):
+    """A request body: a field it does not name is refused (400, each unknown field named:
+    "Unknown field."), not silently dropped, and so is one the server sets (read-only)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            writable = {name for name, f in self.fields.items() if not f.read_only}
+            unknown = sorted(str(k) for k in data if k not in writable)
+            if unknown:
+                raise serializers.ValidationError(
+                    {name[:100]: ["Unknown field."] for name in unknown[:50]})
+        return super().to_internal_value(data)
 
 
 class ProblemSerializer(serializers.Serializer):
@@ -41,7 +62,7 @@ class ProblemSerializer(serializers.Serializer):
 # ------------------------------------------------------------------------------- tokens
 
 
-class TokenRequestSerializer(serializers.Serializer):
+class TokenRequestSerializer(Body):
     username = serializers.CharField(max_length=64)
     password = serializers.CharField(max_length=1024, trim_whitespace=False)
     name = serializers.CharField(max_length=100)
@@ -65,7 +86,7 @@ class NewTokenSerializer(TokenSerializer):
 # ------------------------------------------------------------------------------- topics
 
 
-class ParametersSerializer(serializers.Serializer):
+class ParametersSerializer(Body):
     delivery_mode = serializers.ChoiceField(choices=Topic.DeliveryMode.values, required=False)
     expiry_timeout = serializers.IntegerField(min_value=-1, max_value=2**31 - 1,
                                               required=False, allow_null=True)
@@ -95,7 +116,27 @@ def Keyword() -> serializers.CharField:
     return serializers.CharField(max_length=200, validators=[_keyword])
 
 
-class TopicCreateSerializer(serializers.Serializer):
+class TopLevelDeliveryMode(Body):
+    """``delivery_mode`` may be given where a topic shows it (the top level) as well as in
+    ``parameters``: it is honoured in either place, and refused when both disagree."""
+
+    delivery_mode = serializers.ChoiceField(
+        choices=Topic.DeliveryMode.values, required=False,
+        help_text="As parameters.delivery_mode (either place; both must agree).")
+
+    def validate(self, attrs: dict) -> dict:
+        mode = attrs.pop("delivery_mode", None)
+        if mode is not None:
+            params = dict(attrs.get("parameters") or {})
+            if params.get("delivery_mode", mode) != mode:
+                raise serializers.ValidationError({"delivery_mode": [
+                    "Differs from parameters.delivery_mode (give one, or the same)."]})
+            params["delivery_mode"] = mode
+            attrs["parameters"] = params
+        return attrs
+
+
+class TopicCreateSerializer(TopLevelDeliveryMode):
     path = serializers.CharField(max_length=1024, help_text="/a/b")
     keywords = serializers.ListField(child=Keyword(), required=False, max_length=100)
     link = serializers.CharField(max_length=1024, required=False,
@@ -103,7 +144,7 @@ class TopicCreateSerializer(serializers.Serializer):
     parameters = ParametersSerializer(required=False)
 
 
-class TopicPatchSerializer(serializers.Serializer):
+class TopicPatchSerializer(TopLevelDeliveryMode):
     path = serializers.CharField(max_length=1024, required=False, help_text="Rename to.")
     keywords = serializers.ListField(child=Keyword(), required=False, max_length=100)
     parameters = ParametersSerializer(required=False)
@@ -134,7 +175,7 @@ class RemovedTopicSerializer(serializers.Serializer):
 # ------------------------------------------------------------------------------ messages
 
 
-class SectionSerializer(serializers.Serializer):
+class SectionSerializer(Body):
     content_type = serializers.CharField(max_length=255, default="text/plain")
     text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False,
                                  max_length=64 * 1024 * 1024)
@@ -162,7 +203,22 @@ class SectionSerializer(serializers.Serializer):
         return attrs
 
 
-class PublishSerializer(serializers.Serializer):
+#: Headers the broker reads, each with the parser the SMQP door uses and the rule its
+#: refusal names (a publish with ``Priority: "0"`` gets "invalid number: ...").
+HEADER_RULES = {
+    "priority": (lambda t: parse_int(t, minimum=1),
+                 "Invalid number: a whole number from 1 (1 is the highest priority)."),
+    "sequence": (lambda t: parse_int(t, minimum=1), "Invalid number: a whole number from 1."),
+    "depth": (lambda t: parse_int(t, minimum=-1), "Invalid number: a whole number from -1."),
+    "timeout": (parse_timeout, "Invalid timeout: HH:MM:SS or DD:HH:MM:SS, or -1 (never)."),
+    "created": (parse_datetime,
+                "Invalid date-time: ISO 8601 (2026-01-02T03:04:05Z) or D01022026T030405Z."),
+    "receipt": (parse_bool, "Invalid boolean: YES or NO."),
+    "reply": (parse_bool, "Invalid boolean: YES or NO."),
+}
+
+
+class PublishSerializer(Body):
     headers = serializers.DictField(
         child=serializers.CharField(max_length=1000, allow_blank=True), required=False,
         help_text="Name, Priority, Timeout, Receipt, X-... (profile §8).")
@@ -176,6 +232,17 @@ class PublishSerializer(serializers.Serializer):
                 raise serializers.ValidationError(f"Header name not allowed: {name[:64]!r}.")
             if CONTROL.search(text):
                 raise serializers.ValidationError(f"Control character in {name}.")
+        errors = {}
+        for name, text in value.items():
+            check = HEADER_RULES.get(codec.canonical_name(name).casefold())
+            if check is not None:
+                parse, rule = check
+                try:
+                    parse(text)
+                except (ProtocolError, ValueError):
+                    errors[name] = [rule]
+        if errors:
+            raise serializers.ValidationError(errors)
         return value
 
     def validate_sections(self, value: list) -> list:
@@ -221,7 +288,7 @@ class MessageQuerySerializer(serializers.Serializer):
 # -------------------------------------------------------------------- subscriptions, pull
 
 
-class SelectorSerializer(serializers.Serializer):
+class SelectorSerializer(Body):
     """A message selector as a JSON object, ``{"class": "JMS", "text": "Priority > 3"}``:
     the profile's ``SELECTOR <class> <text>`` without a wire syntax to split. The class and
     text are checked by the same compiler as SMQP's (566 / 567 as problem details)."""
@@ -243,7 +310,7 @@ class SelectorSerializer(serializers.Serializer):
         return value
 
 
-class SubscriptionCreateSerializer(serializers.Serializer):
+class SubscriptionCreateSerializer(Body):
     resource = serializers.ChoiceField(choices=["MESSAGE", "TOPIC", "SUBSCRIBERS", "SERVER"],
                                        default="MESSAGE")
     pattern = serializers.CharField(max_length=1024, required=False,
@@ -274,7 +341,7 @@ class NewSubscriptionSerializer(SubscriptionSerializer):
                                    help_text="Topics it covers now.")
 
 
-class PullRequestSerializer(serializers.Serializer):
+class PullRequestSerializer(Body):
     max = serializers.IntegerField(min_value=1, max_value=100, default=10)
     wait_seconds = serializers.FloatField(min_value=0, max_value=20, default=0)
 
@@ -292,7 +359,7 @@ class PullSerializer(serializers.Serializer):
 # ----------------------------------------------------------------------------------- UAL
 
 
-class EntrySerializer(serializers.Serializer):
+class EntrySerializer(Body):
     id = serializers.IntegerField(read_only=True)
     topic = serializers.CharField(max_length=1024)
     principal_kind = serializers.ChoiceField(choices=PrincipalKind.values)
@@ -349,7 +416,7 @@ class AccountSerializer(serializers.Serializer):
     topic = serializers.CharField()
 
 
-class AccountCreateSerializer(serializers.Serializer):
+class AccountCreateSerializer(Body):
     username = serializers.CharField(max_length=64)
     password = serializers.CharField(max_length=1024, trim_whitespace=False)
     email = serializers.CharField(max_length=254, required=False, default="", allow_blank=True)
@@ -506,7 +573,7 @@ class LinkSerializer(serializers.Serializer):
                                        "for the peer's account (null: no peer account).")
 
 
-class LinkChangeSerializer(serializers.Serializer):
+class LinkChangeSerializer(Body):
     """What PATCH may change; a field not given keeps its value (the password too)."""
 
     host = serializers.CharField(max_length=255, required=False)
@@ -563,3 +630,209 @@ class ReportSerializer(ReportSummarySerializer):
         child=ReportTableSerializer(),
         help_text="hourly, doors, top-topics, top-accounts, latency, dead-letters, subtrees, "
                   "topics, accounts: the tables of the admin's report page.")
+
+
+# -------------------------------------------------------------------- operators' tools
+
+
+class IndexSerializer(serializers.Serializer):
+    version = serializers.CharField()
+    resources = serializers.DictField(child=serializers.CharField(),
+                                      help_text="Name → URL of each resource list.")
+    schema = serializers.CharField(help_text="The OpenAPI 3 schema.")
+    docs = serializers.CharField(help_text="Its interactive documentation.")
+
+
+class OpsSessionSerializer(serializers.Serializer):
+    """A live session, as RabbitMQ's connections list shows one."""
+
+    guid = serializers.CharField(allow_null=True)
+    account = serializers.CharField()
+    door = serializers.CharField(help_text="smqp, xmpp, qqp, ...")
+    auth_method = serializers.CharField()
+    peer = serializers.CharField(allow_blank=True, help_text="The client's address.")
+    server_context = serializers.CharField(allow_blank=True)
+    started = serializers.DateTimeField(help_text="Login time.")
+    messages_in = serializers.IntegerField(help_text="Messages it published (committed).")
+    messages_out = serializers.IntegerField(help_text="Messages sent to it.")
+    unacked = serializers.IntegerField(help_text="Sent, ACK awaited (its listener's count, "
+                                                 "about once a second).")
+    locked = serializers.IntegerField(help_text="Queue-mode messages it holds locked.")
+    rate_in = serializers.FloatField(help_text="Published per second, last minute.")
+    rate_out = serializers.FloatField(help_text="Sent per second, last minute.")
+    counters_unavailable = serializers.CharField(
+        allow_null=True, help_text="Why the counters could not be read (then they are 0).")
+
+
+ACCOUNT_NAME = re.compile(r"[^\W\d_]\w{0,63}")
+
+
+def _account_name(value: str) -> None:
+    # Checked here, not as a schema "pattern": JSON Schema's \w is ASCII only, an account
+    # name's is Unicode (Account.username_validator).
+    if not ACCOUNT_NAME.fullmatch(value):
+        raise serializers.ValidationError(
+            "Not an account name (a letter, then letters, digits and _).")
+
+
+def AccountName(**kwargs) -> serializers.CharField:
+    return serializers.CharField(max_length=64, validators=[_account_name], **kwargs)
+
+
+class SessionQuerySerializer(serializers.Serializer):
+    account = AccountName(required=False, help_text="Only this account's sessions.")
+    door = serializers.CharField(required=False, max_length=16,
+                                 help_text="Only this door's (smqp, xmpp, qqp).")
+
+
+class ConsumerSubscriptionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    pattern = serializers.CharField()
+    selector = SelectorSerializer(allow_null=True)
+    lease_end = serializers.DateTimeField(allow_null=True)
+
+
+class ConsumerSerializer(serializers.Serializer):
+    account = serializers.CharField()
+    subscriptions = ConsumerSubscriptionSerializer(many=True)
+    sessions = serializers.ListField(child=serializers.CharField(allow_null=True),
+                                     help_text="Guids of its live sessions.")
+    backlog = serializers.IntegerField(help_text="Deliveries waiting for it.")
+    locked = serializers.IntegerField(help_text="Queue mode: locked to its sessions.")
+    dead = serializers.IntegerField(help_text="Retries spent.")
+    lag_seconds = serializers.FloatField(
+        help_text="How long the oldest message waiting for it (or locked) has waited.")
+
+
+class ConsumersSerializer(serializers.Serializer):
+    topic = serializers.CharField(help_text="The real topic.")
+    asked = serializers.CharField(help_text="The topic as named (a virtual one, maybe).")
+    delivery_mode = serializers.CharField()
+    messages = serializers.IntegerField(help_text="Messages pending on the topic.")
+    oldest_seconds = serializers.FloatField(help_text="Age of the oldest pending message.")
+    consumers = ConsumerSerializer(many=True)
+
+
+class PurgedSerializer(serializers.Serializer):
+    topic = serializers.CharField()
+    purged = serializers.IntegerField(help_text="Messages moved to the topic's Trash.")
+
+
+class PeekQuerySerializer(serializers.Serializer):
+    count = serializers.IntegerField(required=False, min_value=1, max_value=100, default=10,
+                                     help_text="Messages at most.")
+    after = serializers.IntegerField(required=False, min_value=0, max_value=2**62, default=0,
+                                     help_text="Only messages with a greater smuid.")
+    state = serializers.ChoiceField(choices=["pending", "trash"], default="pending")
+
+
+class PeekedSerializer(MessageSerializer):
+    received = serializers.DateTimeField()
+    size = serializers.IntegerField()
+    deliveries = serializers.DictField(child=serializers.IntegerField(),
+                                       help_text="Its deliveries by state (pending, "
+                                                 "notified, acked, dead).")
+
+
+class PeekSerializer(serializers.Serializer):
+    messages = PeekedSerializer(many=True)
+
+
+class AccountChangeSerializer(Body):
+    """What PATCH may change; a field not given keeps its value."""
+
+    email = serializers.EmailField(max_length=254, required=False, allow_blank=True)
+    proper_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    postal_address = serializers.CharField(max_length=1000, required=False, allow_blank=True)
+    phone = serializers.CharField(max_length=64, required=False, allow_blank=True)
+    is_active = serializers.BooleanField(required=False)
+    is_staff = serializers.BooleanField(required=False)
+    is_superuser = serializers.BooleanField(required=False)
+    is_remote_server = serializers.BooleanField(required=False)
+
+    def validate(self, attrs: dict) -> dict:
+        for name in ("proper_name", "postal_address", "phone"):
+            text = attrs.get(name, "")
+            if name == "postal_address":  # lines of an address
+                text = text.replace("\n", "")
+            if CONTROL.search(text):
+                raise serializers.ValidationError({name: ["No control characters."]})
+        return attrs
+
+
+class PasswordResetSerializer(Body):
+    password = serializers.CharField(max_length=1024, trim_whitespace=False,
+                                     help_text="The new password (the validators apply).")
+
+
+class DefinitionTopicSerializer(Body):
+    path = serializers.CharField(max_length=1024)
+    delivery_mode = serializers.ChoiceField(choices=Topic.DeliveryMode.values,
+                                            required=False)
+    parameters = serializers.DictField(
+        child=serializers.IntegerField(allow_null=True, min_value=-1, max_value=2**62),
+        required=False, help_text="Set on the topic itself (not inherited).")
+    keywords = serializers.ListField(child=Keyword(), required=False, max_length=100)
+    link = serializers.CharField(max_length=1024, required=False, allow_null=True)
+
+    def validate_parameters(self, value: dict) -> dict:
+        unknown = sorted(set(value) - set(QUEUE_PARAMETERS))
+        if unknown:
+            raise serializers.ValidationError(
+                {name[:100]: ["Unknown parameter."] for name in unknown[:20]})
+        return value
+
+
+class DefinitionAccountSerializer(Body):
+    username = AccountName()
+    email = serializers.EmailField(max_length=254, required=False, allow_blank=True)
+    proper_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    is_active = serializers.BooleanField(required=False)
+    is_staff = serializers.BooleanField(required=False)
+    is_superuser = serializers.BooleanField(required=False)
+    is_remote_server = serializers.BooleanField(required=False)
+    groups = serializers.ListField(child=serializers.CharField(max_length=150),
+                                   required=False, max_length=100)
+
+
+class DefinitionEntrySerializer(Body):
+    topic = serializers.CharField(max_length=1024)
+    principal_kind = serializers.ChoiceField(choices=PrincipalKind.values)
+    account = serializers.CharField(max_length=64, required=False, allow_null=True)
+    group = serializers.CharField(max_length=150, required=False, allow_null=True)
+    right = serializers.ChoiceField(choices=Right.values)
+    effect = serializers.ChoiceField(choices=Effect.values, default=Effect.ALLOW)
+
+
+class DefinitionLinkSerializer(LinkChangeSerializer):
+    name = serializers.CharField(max_length=64)
+    host = serializers.CharField(max_length=255)
+    account = serializers.CharField(max_length=150)
+
+
+class DefinitionsSerializer(Body):
+    """The broker's definitions (``GET /api/v1/definitions``): no secrets."""
+
+    smqp_definitions = serializers.IntegerField(min_value=1, max_value=1,
+                                                help_text="The document's format: 1.")
+    exported = serializers.DateTimeField(required=False)
+    groups = serializers.ListField(child=serializers.CharField(max_length=150),
+                                   required=False, max_length=10000)
+    accounts = DefinitionAccountSerializer(many=True, required=False)
+    topics = DefinitionTopicSerializer(many=True, required=False)
+    ual_entries = DefinitionEntrySerializer(many=True, required=False)
+    links = DefinitionLinkSerializer(many=True, required=False)
+
+
+class ImportCountsSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    changed = serializers.IntegerField()
+    unchanged = serializers.IntegerField()
+
+
+class ImportResultSerializer(serializers.Serializer):
+    groups = ImportCountsSerializer()
+    accounts = ImportCountsSerializer()
+    topics = ImportCountsSerializer()
+    ual_entries = ImportCountsSerializer()
+    links = ImportCountsSerializer()

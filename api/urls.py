@@ -65,6 +65,7 @@ def offthread(view_class: type, executor: ThreadPoolExecutor = VIEW_THREADS) -> 
 TOPIC = r"(?P<path>[\s\S]+?)"
 
 v1 = [
+    path("", offthread(views.IndexView)),
     path("auth/tokens", offthread(views.TokensView)),
     path("auth/tokens/<id:pk>", offthread(views.TokenView)),
     path("topics/", offthread(views.TopicsView)),
@@ -83,6 +84,15 @@ v1 = [
     path("ual/explain", offthread(views.ExplainView)),
     path("accounts/", offthread(views.AccountsView)),
     path("accounts/<str:name>", offthread(views.AccountView)),
+    path("accounts/<str:name>/password", offthread(views.AccountPasswordView)),
+    path("sessions/", offthread(views.SessionsView)),
+    path("sessions/<str:guid>", offthread(views.SessionView)),
+    # A topic's queue: under queues/, where no route names a bare topic (a topic may
+    # well be called .../purge).
+    re_path(rf"^queues/{TOPIC}/consumers$", offthread(views.ConsumersView)),
+    re_path(rf"^queues/{TOPIC}/purge$", offthread(views.PurgeView)),
+    re_path(rf"^queues/{TOPIC}/peek$", offthread(views.PeekView)),
+    path("definitions", offthread(views.DefinitionsView)),
     path("stats/", offthread(views.StatsView)),
     path("reports/", offthread(views.ReportsView)),
     path("reports/<str:day>", offthread(views.ReportView)),

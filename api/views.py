@@ -29,7 +29,7 @@ from broker.domain.values import SmuidSet, parse_topic_pattern, validate_topic
 from broker.models import Link, Message, Subscription, selector_key
 from broker.services import accounts as account_service
 from broker.services import auth as auth_service
-from broker.services import federation, not_found, notify, ual_entries
+from broker.services import federation, not_found, notify, operations, ual_entries
 from broker.services import publish as publish_service
 from broker.services import pull as pull_service
 from broker.services import read as read_service
@@ -121,6 +121,24 @@ class Staff(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         user = request.user
         return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
+
+
+class StaffWith(Staff):
+    """Staff, with the model permissions the view names for the method
+    (``required_perms``: method → permission names; a superuser has them all), as the
+    operators' console asks for the same actions."""
+
+    def has_permission(self, request, view) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        method = "GET" if request.method in ("HEAD", "OPTIONS") else request.method
+        return request.user.has_perms(getattr(view, "required_perms", {}).get(method, ()))
+
+
+class Superuser(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        return bool(user and user.is_authenticated and user.is_superuser)
 
 
 # ---------------------------------------------------------------------------------- tokens
@@ -566,7 +584,8 @@ def account_data(account: Account) -> dict:
 
 
 class AccountsView(APIView):
-    permission_classes = [Staff]
+    permission_classes = [StaffWith]
+    required_perms = {"POST": ["accounts.add_account"]}
 
     @extend_schema(operation_id="accounts_list",
                    parameters=[pagination.PageQuery],
@@ -589,18 +608,51 @@ class AccountsView(APIView):
         return Response(account_data(account), status=status.HTTP_201_CREATED)
 
 
+def account_named(name: str) -> Account:
+    # A name no account can have (NUL, say, which no database takes) is not looked up.
+    if not ACCOUNT_NAME.fullmatch(name):
+        raise not_found("account")
+    return operations.find_account(name)
+
+
 class AccountView(APIView):
-    permission_classes = [Staff]
+    permission_classes = [StaffWith]
+    required_perms = {"PATCH": ["accounts.change_account"],
+                      "DELETE": ["accounts.delete_account"]}
 
     @extend_schema(responses=s.AccountSerializer)
     def get(self, request: Request, name: str) -> Response:
-        # A name no account can have (NUL, say, which no database takes) is not looked up.
-        if not ACCOUNT_NAME.fullmatch(name):
-            raise not_found("account")
-        account = Account.objects.filter(username_key=name.casefold()).first()
-        if account is None:
-            raise not_found("account")
+        return Response(account_data(account_named(name)))
+
+    @extend_schema(request=s.AccountChangeSerializer, responses=s.AccountSerializer)
+    def patch(self, request: Request, name: str) -> Response:
+        """Change details and flags (``is_active: false`` also closes its sessions); a field
+        not given keeps its value. Not one's own is_active, is_staff, is_superuser (409)."""
+        data = valid(s.AccountChangeSerializer, request.data)
+        account = operations.change_account(request.user, account_named(name).username,
+                                            dict(data))
         return Response(account_data(account))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, name: str) -> Response:
+        """Delete the account, its subscriptions, deliveries, tokens and UAL entries; its
+        live sessions are closed. Not one's own (409)."""
+        operations.delete_account(request.user, account_named(name).username)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AccountPasswordView(APIView):
+    permission_classes = [StaffWith]
+    required_perms = {"POST": ["accounts.change_account"]}
+
+    @extend_schema(request=s.PasswordResetSerializer, responses={204: None})
+    def post(self, request: Request, name: str) -> Response:
+        """Reset the account's password (the password validators apply); SMQP's CLEAR and
+        SCRAM-SHA-256 logins take the new one at once."""
+        data = valid(s.PasswordResetSerializer, request.data)
+        operations.reset_password(request.user, account_named(name).username,
+                                  data["password"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 
@@ -730,3 +782,149 @@ class LinkView(APIView):
         """Remove the link: its supervisor unsubscribes on the peer what it held there."""
         federation.remove_link(name)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# ---------------------------------------------------------------------- operators' tools
+
+
+class IndexView(APIView):
+    """``GET /api/v1/``: what there is, by name."""
+
+    RESOURCES = ("topics", "subscriptions", "ual/entries", "ual/explain", "accounts",
+                 "sessions", "queues", "definitions", "stats", "reports", "links",
+                 "auth/tokens")
+
+    @extend_schema(operation_id="index", responses=s.IndexSerializer)
+    def get(self, request: Request) -> Response:
+        """The resources of the API (the lists; one item is ``<list>/<id>``), its schema
+        and its documentation."""
+        base = request.build_absolute_uri("/api/v1/")
+        resources = {name: base + name + ("/" if name not in ("ual/explain", "auth/tokens",
+                                                                "definitions", "queues")
+                                          else "") for name in self.RESOURCES}
+        resources["queues"] = base + "queues/{topic path}/consumers|purge|peek"
+        return Response({"version": "1", "resources": resources,
+                         "schema": request.build_absolute_uri("/api/schema/"),
+                         "docs": request.build_absolute_uri("/api/docs/")})
+
+
+GUID_PARAM = OpenApiParameter("guid", OpenApiTypes.STR, OpenApiParameter.PATH,
+                              description="The session's guid (jtegen0456).")
+#: What a guid can be (an account name and a number): nothing else is looked up (no
+#: database takes a NUL, say).
+GUID = re.compile(r"\w{1,100}")
+
+
+def session_guid(guid: str) -> str:
+    if not GUID.fullmatch(guid):
+        raise not_found("session")
+    return guid
+
+
+class SessionsView(APIView):
+    """Live sessions of every door: RabbitMQ's connections list."""
+
+    permission_classes = [StaffWith]
+    required_perms = {"GET": ["accounts.view_loginsession"]}
+
+    @extend_schema(operation_id="sessions_list",
+                   parameters=[s.SessionQuerySerializer, pagination.PageQuery],
+                   responses=pagination.paged(s.OpsSessionSerializer))
+    def get(self, request: Request) -> Response:
+        """Newest first, with door, account, client address, login time, messages in and
+        out, unacked and locked counts and rates."""
+        query = valid(s.SessionQuerySerializer, request.query_params)
+        before, limit = pagination.params(request, int)
+        rows, next_key = operations.sessions(account=query.get("account"), before=before,
+                                             limit=limit)
+        if query.get("door"):
+            rows = [r for r in rows if r["door"] == query["door"].lower()]
+        return pagination.page(request, rows, next_key)
+
+
+class SessionView(APIView):
+    permission_classes = [StaffWith]
+    required_perms = {"GET": ["accounts.view_loginsession"],
+                      "DELETE": ["accounts.change_loginsession"]}
+
+    @extend_schema(parameters=[GUID_PARAM], responses=s.OpsSessionSerializer)
+    def get(self, request: Request, guid: str) -> Response:
+        rows, _ = operations.sessions(guid=session_guid(guid), limit=1)
+        if not rows:
+            raise not_found("session")
+        return Response(rows[0])
+
+    @extend_schema(parameters=[GUID_PARAM], responses={202: None})
+    def delete(self, request: Request, guid: str) -> Response:
+        """Close the session: its listener says NOTIFY SERVER BYE (XMPP: a stream error)
+        and disconnects; its queue-mode locks end. 202: asked, not yet done."""
+        operations.close_session(request.user, session_guid(guid))
+        return Response(status=status.HTTP_202_ACCEPTED)
+
+
+class ConsumersView(APIView):
+    permission_classes = [StaffWith]
+    required_perms = {"GET": ["broker.view_delivery"]}
+
+    @extend_schema(operation_id="queue_consumers", parameters=[PATH_PARAM],
+                   responses=s.ConsumersSerializer)
+    def get(self, request: Request, path: str) -> Response:
+        """The topic's subscribing accounts with their backlog, locks, dead letters, lag,
+        subscriptions and live sessions."""
+        return Response(operations.consumers(topic_path(path)))
+
+
+class PurgeView(APIView):
+    permission_classes = [StaffWith]
+    required_perms = {"POST": ["broker.delete_message"]}
+
+    @extend_schema(operation_id="queue_purge", parameters=[PATH_PARAM], request=None,
+                   responses=s.PurgedSerializer)
+    def post(self, request: Request, path: str) -> Response:
+        """Every pending message of the topic goes to its Trash (REPUBLISH can bring one
+        back until the Trash purge); returns how many. Audited."""
+        return Response(operations.purge(request.user, topic_path(path)))
+
+
+class PeekView(APIView):
+    permission_classes = [StaffWith]
+    required_perms = {"GET": ["broker.view_message"]}
+
+    @extend_schema(operation_id="queue_peek",
+                   parameters=[PATH_PARAM, s.PeekQuerySerializer],
+                   responses=s.PeekSerializer)
+    def get(self, request: Request, path: str) -> Response:
+        """Messages waiting on the topic (or in its Trash), oldest first, with their data
+        and their deliveries' states. Read only: nothing is locked, delivered or ACKed."""
+        query = valid(s.PeekQuerySerializer, request.query_params)
+        found = operations.peek(topic_path(path), query["count"], query["after"],
+                                trash=query["state"] == "trash")
+        return Response({"messages": [
+            {**message_data(m["smuid"], m["topic"], m["cmuid"], m["message"]),
+             "received": m["received"], "size": m["size"], "deliveries": m["deliveries"]}
+            for m in found]})
+
+
+class DefinitionsView(APIView):
+    """Topics, accounts (no secrets), groups, UAL entries and links as one document:
+    RabbitMQ's definitions export and import. Superusers only: an import may create
+    superusers."""
+
+    permission_classes = [Superuser]
+
+    @extend_schema(operation_id="definitions_export", responses=s.DefinitionsSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(operations.export_definitions())
+
+    @extend_schema(operation_id="definitions_import", request=s.DefinitionsSerializer,
+                   responses=s.ImportResultSerializer)
+    def post(self, request: Request) -> Response:
+        """Create what is missing, change what differs, delete nothing: importing the same
+        document again changes nothing. One transaction: a refusal changes nothing and
+        names the item."""
+        data = valid(s.DefinitionsSerializer, request.data)
+        for item in data.get("topics", []):
+            item["path"] = new_topic_path(item["path"])
+            if item.get("link"):
+                item["link"] = new_topic_path(item["link"], "link")
+        return Response(operations.import_definitions(request.user, data))

@@ -5,16 +5,20 @@ client library exists; the codec is the project's own, shared with the server's 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import socket
 import ssl
 import threading
 from collections import deque
 
+import scramp
+
 from broker.smqp import commands as c
 from broker.smqp.client import (
     CLOSED,
     NEED_DATA,
+    Challenge,
     ClientConnection,
     ClientEvent,
     Greeting,
@@ -76,6 +80,7 @@ class Connection:
             raise CLIError(f"{host}:{port} is not available: {greeting.ident}", CONNECTION)
         self.greeting = greeting
         self.guid = ""
+        self.account = ""
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -145,17 +150,57 @@ class Connection:
 
     # ---------------------------------------------------------------------- verbs
 
-    def login(self, account: str, password: str) -> None:
-        """CLEAR/1.0 (over TLS, or where the server allows it on plain TCP)."""
-        reply = self.command(f"LOGIN {account} CLEAR/1.0")
-        if reply.code != 200:
-            raise CLIError(f"login as {account} refused: {describe(reply)}", LOGIN)
-        reply = self.command(f"PASS {account} {password}")
+    def login(self, account: str, password: str, method: str = "scram") -> None:
+        """``scram``: SCRAM-SHA-256/1.0 (the password never crosses the wire; over TLS
+        SCRAM-SHA-256-PLUS, bound to the server's certificate), or ``clear``: CLEAR/1.0
+        (over TLS, or where the server allows it on plain TCP)."""
+        self.account = account
+        if method == "clear":
+            reply = self.command(f"LOGIN {account} CLEAR/1.0")
+            if reply.code != 200:
+                raise CLIError(f"login as {account} refused: {describe(reply)}", LOGIN)
+            reply = self.command(f"PASS {account} {password}")
+        else:
+            reply = self._scram_login(account, password)
         if reply.code != 200:
             raise CLIError(f"login as {account} failed: {describe(reply)}", LOGIN)
         for line in reply.lines:
             if line.startswith("Guid:"):
                 self.guid = line[5:].strip()
+
+    def _scram_login(self, account: str, password: str) -> Reply:
+        """The client's side of a SCRAM exchange (scramp): ``LOGIN ... SCRAM-SHA-256/1.0``,
+        ``200 +``, then base64 lines each way; the server must prove it knows the password
+        too (its final ``+`` line), else the login fails here."""
+        plus = isinstance(self.sock, ssl.SSLSocket)
+        mechanism = "SCRAM-SHA-256-PLUS" if plus else "SCRAM-SHA-256"
+        reply = self.command(f"LOGIN {account} {mechanism}/1.0")
+        if reply.code != 200 or reply.lines[-1].strip() != "+":
+            raise CLIError(f"login as {account} with {mechanism} refused: {describe(reply)}",
+                           LOGIN)
+        try:
+            client = scramp.ScramClient(
+                [mechanism], account, password,
+                channel_binding=("tls-server-end-point", self.sock) if plus else None)
+            self._raw(client.get_client_first())
+            client.set_server_first(self._challenge(account))
+            self._raw(client.get_client_final())
+            client.set_server_final(self._challenge(account))
+        except (scramp.ScramException, ValueError, UnicodeError) as exc:
+            raise CLIError(f"login as {account} failed: {exc}", LOGIN) from None
+        return self.reply()
+
+    def _raw(self, text: str) -> None:
+        self.send(base64.b64encode(text.encode()) + b"\r\n")
+
+    def _challenge(self, account: str) -> str:
+        """The server's next SCRAM step; its refusal (a reply) fails the login."""
+        while True:
+            event = self.next_event()
+            if isinstance(event, Challenge):
+                return base64.b64decode(event.data, validate=True).decode()
+            if isinstance(event, Reply):
+                raise CLIError(f"login as {account} failed: {describe(event)}", LOGIN)
 
     def publish(self, topic: str, cmuid: str, sections: list[tuple[str, bytes]],
                 headers: list[tuple[str, str]] | None = None) -> Reply:

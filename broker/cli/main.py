@@ -1,7 +1,9 @@
-"""``smqp``: the command-line client (``smqp pub``, ``sub``, ``get``, ``topics``, ``shell``).
+"""``smqp``: the command-line client (``smqp pub``, ``sub``, ``get``, ``topics``, ``shell``,
+and ``admin``: the operators' commands over the REST API, :mod:`.admin`).
 
-Every subcommand connects, logs in with CLEAR/1.0 (the password from ``SMQP_PASSWORD`` or a
-prompt), does its work and QUITs. Output is for people, or one JSON object per line with
+Every subcommand connects, logs in with SCRAM-SHA-256/1.0 (SCRAM-SHA-256-PLUS over TLS;
+``--auth clear`` for CLEAR/1.0; the password from ``SMQP_PASSWORD`` or a prompt), does its
+work and QUITs. Output is for people, or one JSON object per line with
 ``--json``. An error is one line on stderr, ``smqp: error: ...``, with a non-zero exit
 status: 1 refused by the server, 2 wrong usage, 3 no connection (or it broke), 4 login
 failed.
@@ -14,12 +16,15 @@ import contextlib
 import getpass
 import json
 import os
+import re
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 
 from broker.smqp.client import NotifyMessage, NotifyServer, NotifySub, NotifyTopic, ServerAck
 
+from . import admin
 from .connection import CLIError, Connection, describe, message_dict
 
 DEFAULT_PORT = 720
@@ -46,6 +51,10 @@ def _connection_options(parser: argparse.ArgumentParser, suppress: bool) -> None
     g.add_argument("--account", "-a", default=default(os.environ.get("SMQP_ACCOUNT")),
                    help="account to log in as (SMQP_ACCOUNT; default: your user name); the "
                         "password comes from SMQP_PASSWORD or a prompt")
+    g.add_argument("--auth", choices=["scram", "clear"],
+                   default=default(os.environ.get("SMQP_AUTH", "scram").lower()),
+                   help="login method (SMQP_AUTH): scram, SCRAM-SHA-256 (-PLUS over TLS), "
+                        "the password never sent (default); clear, CLEAR/1.0")
     g.add_argument("--json", action="store_true", default=default(False),
                    help="one JSON object per line")
     g.add_argument("--timeout", type=float, default=default(30.0),
@@ -79,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit after this many messages (default: run until interrupted)")
     s.add_argument("--wait", type=float, default=0,
                    help="exit after this many seconds without a message (default: never)")
+    s.add_argument("--selector", metavar="'CLASS TEXT'",
+                   help="only messages this selector is TRUE for: JMS Priority < 3, or "
+                        "LDAP (&(x-region=eu)(priority<=2)) (profile 9.2)")
+    s.add_argument("--lease", metavar="TIMEOUT",
+                   help="the subscription ends after this long (HH:MM:SS); subscribing "
+                        "again renews it (profile 9.3)")
 
     g2 = sub.add_parser("get", parents=[common], help="read stored messages",
                         description="GET MESSAGE: messages of TOPIC by smuid (5, 5-9, "
@@ -96,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "commands. History is kept in ~/.smqp_history.")
     sh.add_argument("--no-auto-ack", action="store_true",
                     help="do not acknowledge messages by itself (type :ack)")
+    admin.add_parser(sub)
     return parser
 
 
@@ -110,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "pub": cmd_pub, "sub": cmd_sub, "get": cmd_get, "topics": cmd_topics,
     }
     try:
+        if args.verb == "admin":
+            return admin.run(args)
         if args.verb == "shell":
             from .shell import run_shell
 
@@ -143,7 +161,7 @@ def connect(args: argparse.Namespace) -> Connection:
     conn = Connection(args.host, args.port, tls=args.tls, cafile=args.cafile,
                       timeout=args.timeout)
     try:
-        conn.login(account, password)
+        conn.login(account, password, getattr(args, "auth", "scram"))
     except BaseException:
         conn.close()
         raise
@@ -155,12 +173,36 @@ def _quit(conn: Connection) -> None:
         conn.command("QUIT")
 
 
+_OUTPUT = threading.Lock()
+#: Control characters of a message body shown as escapes (a CR would send the cursor back
+#: over the line; an escape sequence would drive the terminal).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def say(text: str, file=None) -> None:
+    """One block of output in one write, under a lock, ending with a newline: the shell's
+    reader thread (messages) and its prompt loop (replies) never share a line, so a body is
+    never run into the next reply."""
+    stream = file if file is not None else sys.stdout
+    with _OUTPUT:
+        stream.write(text if text.endswith("\n") else text + "\n")
+        stream.flush()
+
+
 def _error(text: str) -> None:
-    print(f"smqp: error: {text}", file=sys.stderr)
+    say(f"smqp: error: {text}", sys.stderr)
+
+
+def _warn(text: str) -> None:
+    say(f"smqp: warning: {text}", sys.stderr)
 
 
 def _out(args: argparse.Namespace, obj: dict, text: str) -> None:
-    print(json.dumps(obj) if args.json else text, flush=True)
+    say(json.dumps(obj) if args.json else text)
+
+
+def _visible(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 # -------------------------------------------------------------------------------- verbs
@@ -188,12 +230,37 @@ def cmd_pub(args: argparse.Namespace, conn: Connection) -> int:
     return 0
 
 
+def _covers(pattern: str, topic: str) -> bool:
+    """Does a subscription pattern (/a/b, /a/*) cover the topic? Case-insensitive, as the
+    server compares topic paths."""
+    pattern, topic = pattern.casefold(), topic.casefold()
+    if pattern.endswith("/*"):
+        return topic.startswith(pattern[:-1])
+    return pattern == topic
+
+
 def cmd_sub(args: argparse.Namespace, conn: Connection) -> int:
+    extra = ""
+    if args.lease:
+        if any(c.isspace() for c in args.lease):
+            raise CLIError("--lease takes one timeout (HH:MM:SS)", 2)
+        extra += f" LEASE {args.lease}"
+    if args.selector:
+        klass, _, text = args.selector.strip().partition(" ")
+        if not text.strip():
+            raise CLIError("--selector wants 'CLASS TEXT' (JMS, RFC-2254 or LDAP, then the "
+                           "selector)", 2)
+        if "\r" in text or "\n" in text:
+            raise CLIError("--selector must be one line", 2)
+        extra += f" SELECTOR {klass} {text.strip()}"
     for topic in args.topics:
-        conn.checked(f"SUBSCRIBE MESSAGE {topic}")
+        if any(c.isspace() for c in topic):
+            raise CLIError(f"not a topic: {topic!r}", 2)
+        conn.checked(f"SUBSCRIBE MESSAGE {topic}{extra}")
     # On stderr, with --json too: a script may wait for it before it publishes.
-    print(f"subscribed to {', '.join(args.topics)} as {conn.guid}; waiting for messages",
-          file=sys.stderr, flush=True)
+    say(f"subscribed to {', '.join(args.topics)} as {conn.guid}; waiting for messages",
+        sys.stderr)
+    warned: set[str] = set()
     seen = 0
     while not args.count or seen < args.count:
         try:
@@ -203,6 +270,16 @@ def cmd_sub(args: argparse.Namespace, conn: Connection) -> int:
                 break
             continue
         if isinstance(event, NotifyMessage):
+            key = event.topic.casefold()
+            if key not in warned and not any(_covers(t, event.topic) for t in args.topics):
+                # Messages are the account's, not the session's: any session of it gets
+                # those of all its subscriptions, and this one ACKs (consumes) them.
+                warned.add(key)
+                _warn(f"{event.topic} comes through another subscription of "
+                      f"{conn.account} (not one of "
+                      f"the topics given); it is shown and acknowledged here like the "
+                      f"others, so it is consumed for every session of the account. "
+                      f"UNSUBSCRIBE it (smqp shell) or use another account to keep it.")
             show_message(args, event)
             conn.ack()  # only once it is printed (flushed): a message is never lost
             seen += 1
@@ -219,7 +296,7 @@ def cmd_get(args: argparse.Namespace, conn: Connection) -> int:
     for msg in reply.messages:
         show_message(args, None, msg, args.topic)
     if not args.json:
-        print(reply.lines[-1], file=sys.stderr)
+        say(reply.lines[-1], sys.stderr)
     return 0
 
 
@@ -229,10 +306,10 @@ def cmd_topics(args: argparse.Namespace, conn: Connection) -> int:
     if args.json:
         _out(args, {"topic": args.topic, "topics": names}, "")
     else:
-        for name in names:
-            print(name)
-        if not names:
-            print(f"no topics under {args.topic}", file=sys.stderr)
+        if names:
+            say("\n".join(names))
+        else:
+            say(f"no topics under {args.topic}", sys.stderr)
     return 0
 
 
@@ -244,18 +321,18 @@ def show_message(args: argparse.Namespace, event: NotifyMessage | None, msg=None
     msg = event.message if event is not None else msg
     d = message_dict(event, msg, topic)
     if args.json:
-        print(json.dumps(d), flush=True)
+        say(json.dumps(d))
         return
     lines = [f"── {d['topic']}  smuid {d['smuid']}  cmuid {d['cmuid']}"]
     for name, value in msg.headers:
         if name not in ("Smuid", "Cmuid", "Topic"):
-            lines.append(f"   {name}: {value}")
+            lines.append(f"   {name}: {_visible(value)}")
     for section in d["sections"]:
         if "text" in section:
-            lines.append(section["text"])
+            lines.append(_visible(section["text"]).rstrip("\n"))
         else:
             lines.append(f"[{section['length']} bytes of {section['content_type']}]")
-    print("\n".join(lines), flush=True)
+    say("\n".join(lines))
 
 
 def show_event(args: argparse.Namespace, event: object) -> None:

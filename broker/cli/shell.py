@@ -23,7 +23,7 @@ from types import ModuleType
 from broker.smqp.client import NotifyMessage, Reply, ServerAck
 
 from .connection import CLIError, Connection, describe
-from .main import show_event, show_message
+from .main import say, show_event, show_message
 
 HELP = """\
 Type SMQP command lines (LIST TOPIC /, SUBSCRIBE MESSAGE /news, GET MESSAGE /news 1-5 ...).
@@ -63,7 +63,7 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
     conn = connect(args)
     replies: queue.Queue[Reply | CLIError] = queue.Queue()
     auto_ack = not args.no_auto_ack
-    print(f"connected to {args.host}:{args.port} as {conn.guid}; :help for help", flush=True)
+    say(f"connected to {args.host}:{args.port} as {conn.guid}; :help for help")
 
     def reader() -> None:
         try:
@@ -75,7 +75,7 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
                     show_message(args, event)
                     if auto_ack:
                         conn.ack()
-                        print("(acknowledged)", flush=True)
+                        say("(acknowledged)")
                 elif isinstance(event, ServerAck):
                     continue
                 else:
@@ -109,16 +109,16 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
                     word = word.lower()
                     if word in ("quit", "q", "exit"):
                         conn.send(b"QUIT\r\n")
-                        print(describe(wait_reply()), flush=True)
+                        say(describe(wait_reply()))
                         break
                     if word == "help":
-                        print(HELP, flush=True)
+                        say(HELP)
                     elif word == "ack":
                         conn.ack()
                     elif word == "pub":
                         topic, _, text = rest.strip().partition(" ")
                         if not topic:
-                            print("usage: :pub TOPIC TEXT", flush=True)
+                            say("usage: :pub TOPIC TEXT")
                             continue
                         from broker.smqp import commands as c
                         from broker.smqp.message import DataSection, Message
@@ -127,29 +127,28 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
                                                        text.encode())])
                         conn.send(c.serialize_command(
                             c.Publish("MESSAGE", topic, uuid.uuid4().hex[:16], msg)))
-                        print(describe(wait_reply()), flush=True)
+                        say(describe(wait_reply()))
                     else:
-                        print(f"unknown shell command :{word} (:help)", flush=True)
+                        say(f"unknown shell command :{word} (:help)")
                     continue
                 if line.split(" ", 1)[0].upper() in ("PUB", "PUBLISH"):
-                    print("a PUB needs its message: use :pub TOPIC TEXT", flush=True)
+                    say("a PUB needs its message: use :pub TOPIC TEXT")
                     continue
                 conn.send(line.encode() + b"\r\n")
                 reply = wait_reply()
-                for i, text in enumerate(reply.lines):
-                    sep = " " if i == len(reply.lines) - 1 else "-"
-                    print(f"{reply.code}{sep}{text}", flush=True)
+                last = len(reply.lines) - 1
+                say("\n".join(f"{reply.code}{' ' if i == last else '-'}{text}"
+                               for i, text in enumerate(reply.lines)))
                 for msg in reply.messages:
                     show_message(args, None, msg)
                 if line.upper() == "QUIT":
                     break
             except queue.Empty:
-                print("smqp: error: no reply from the server in time", file=sys.stderr,
-                      flush=True)
+                say("smqp: error: no reply from the server in time", sys.stderr)
             except ValueError as exc:
-                print(f"smqp: error: cannot send that: {exc}", file=sys.stderr, flush=True)
+                say(f"smqp: error: cannot send that: {exc}", sys.stderr)
     except CLIError as exc:
-        print(f"smqp: error: {exc}", file=sys.stderr, flush=True)
+        say(f"smqp: error: {exc}", sys.stderr)
         status = exc.status
     except KeyboardInterrupt:
         status = 130

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from broker.domain import message as codec
 from broker.models import Message
-from broker.services import ServiceError, notify, stats
+from broker.services import ServiceError, notify, operations, stats
 from broker.services import publish as publish_service
 from broker.store import opsmetrics
 from topics.admin import console_snapshot, refusal
@@ -47,6 +47,7 @@ def topic_page(request: HttpRequest) -> HttpResponse:
         return _publish_test(request, detail["asked"])
     context = _context(request, f"Topic {detail['path']}")
     context.update(detail=detail, path=detail["asked"],
+                   consumers=operations.consumers(detail["asked"])["consumers"],
                    json_url=reverse("ops-topic-json") + "?" + urlencode({"path": path}),
                    can_publish=request.user.has_perm("broker.add_message"))
     return TemplateResponse(request, "admin/ops/topic.html", context)
@@ -94,13 +95,15 @@ def sessions_page(request: HttpRequest) -> HttpResponse:
             messages.warning(request, f"No live session {guid}.")
         return HttpResponseRedirect(reverse("ops-sessions"))
     context = _context(request, "Sessions")
-    context.update(sessions=stats.live_sessions(), by_door=stats.sessions_by_door(),
+    rows, _ = operations.sessions()
+    context.update(sessions=rows, by_door=stats.sessions_by_door(),
                    can_close=request.user.has_perm("accounts.change_loginsession"))
     return TemplateResponse(request, "admin/ops/sessions.html", context)
 
 
 def sessions_json(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"sessions": stats.live_sessions(), "by_door": stats.sessions_by_door()})
+    rows, _ = operations.sessions()
+    return JsonResponse({"sessions": rows, "by_door": stats.sessions_by_door()})
 
 
 @require_POST

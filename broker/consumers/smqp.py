@@ -822,6 +822,7 @@ class SMQPConsumer(AsyncConsumer):
         await self._notify(
             serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg))
         self.dispatcher.metrics.count("deliver")
+        self.dispatcher.metrics.session(self.session.guid if self.session else None, "out")
         if policy is None:
             policy = await self.dispatcher.retry_policy(topic)
         deadline = self.mailbox.sent(smuid, self._loop.time(), policy.retry_timeout,

@@ -239,6 +239,10 @@ class XMPPConsumer(AsyncConsumer):
                     logger.exception("releasing the locks of %s failed", session.guid)
             await dbthread.run(auth_service.end_session, session)
 
+    def _count_out(self) -> None:
+        """One message sent to this session (the operators' sessions list)."""
+        self.dispatcher.metrics.session(self.session.guid if self.session else None, "out")
+
     async def _write(self, text: str) -> bool:
         """Hand a frame to the transport (or hold it for this stanza's flush); False when
         it cannot go any more (the stream is closing, the transport is gone)."""
@@ -933,6 +937,7 @@ class XMPPConsumer(AsyncConsumer):
             if not await self._write(text):
                 return  # the stream is ending: its locks go back with it
             self.dispatcher.metrics.count("deliver")
+            self._count_out()
             mailbox.acked(smuid)  # the slot is free; the lock stays until retract/unlock
             self._arm_lock_timer()
             return
@@ -940,6 +945,7 @@ class XMPPConsumer(AsyncConsumer):
         if not await self._write(text):
             return  # not sent: the stream is ending, and the message stays unACKed
         self.dispatcher.metrics.count("deliver")
+        self._count_out()
         # Profile §3: delivered to the account once written to one session (a frame held
         # for the stanza's flush: once the flush wrote it).
         receipt = ack_service.may_want_receipt(message)

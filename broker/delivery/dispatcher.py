@@ -32,7 +32,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -112,6 +112,9 @@ class Session(Protocol):
 
     account_id: int
     mailbox: Mailbox
+    #: The logged-in session (accounts.models.LoginSession; None before login or after it
+    #: ended): its guid names the session's counters.
+    session: Any
 
     @property
     def idle(self) -> bool:
@@ -405,9 +408,10 @@ class Dispatcher:
                     future.set_exception(error)
             return
         published: list[Published] = []
-        for (_, future), result in zip(batch, results, strict=True):
+        for (request, future), result in zip(batch, results, strict=True):
             if isinstance(result, Published):
                 published.append(result)
+                self.metrics.session(request.guid, "in")
                 if result.payload is not None:
                     self._remember(result.smuid, result.payload)
             if not future.done():
@@ -773,10 +777,23 @@ class Dispatcher:
             await asyncio.sleep(METRICS_FLUSH_SECONDS)
             await self.flush_metrics()
 
+    def unacked(self) -> dict[str, int]:
+        """guid → messages sent to the session and not ACKed yet (its mailbox's one in
+        flight, and the queue-mode locks it holds), for the operators' sessions list."""
+        out = {}
+        for sessions in self.sessions.values():
+            for session in sessions:
+                # (A session of a door without a login row, or a test's stand-in, has none.)
+                login = getattr(session, "session", None)
+                if login is not None and getattr(login, "guid", None):
+                    out[login.guid] = session.mailbox.unacked
+        return out
+
     async def flush_metrics(self) -> None:
         deltas = self.metrics.take()
         try:
-            await asyncio.to_thread(opsmetrics.flush, deltas, self.health(), self.origin)
+            await asyncio.to_thread(opsmetrics.flush, deltas, self.health(), self.origin,
+                                    self.unacked())
         except Exception:  # Redis away: the counts wait for the next flush
             self.metrics.give_back(deltas)
             logger.warning("operators' counters not written", exc_info=True)

@@ -255,6 +255,15 @@ class Mailbox:
         return smuid in self._locks
 
     @property
+    def unacked(self) -> int:
+        """Messages sent and not ACKed: the one in flight and the queue-mode locks held (the
+        one in flight is usually one of them)."""
+        held = len(self._locks)
+        if self.inflight is not None and self.inflight not in self._locks:
+            held += 1
+        return held
+
+    @property
     def locks_held(self) -> frozenset[int]:
         return frozenset(self._locks)
 

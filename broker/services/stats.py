@@ -148,10 +148,13 @@ def live_sessions(account_ids: list[int] | None = None, limit: int = 500) -> lis
     qs = LoginSession.objects.filter(ended__isnull=True).select_related("account")
     if account_ids is not None:
         qs = qs.filter(account_id__in=account_ids)
-    return [{"guid": s.guid, "account": s.account.username, "door": door_of(s),
-             "auth_method": s.auth_method, "peer": s.peer_address,
-             "server_context": s.server_context, "started": s.started.isoformat()}
-            for s in qs.order_by("-started")[:limit]]
+    return [session_data(s) for s in qs.order_by("-started")[:limit]]
+
+
+def session_data(s: LoginSession) -> dict:
+    return {"guid": s.guid, "account": s.account.username, "door": door_of(s),
+            "auth_method": s.auth_method, "peer": s.peer_address,
+            "server_context": s.server_context, "started": s.started.isoformat()}
 
 
 def dead_letters(limit: int = RECENT_DEAD) -> list[dict]:

@@ -28,6 +28,7 @@ from .values import parse_int, parse_timeout, validate_topic
 __all__ = [
     "CLOSED",
     "NEED_DATA",
+    "Challenge",
     "ClientConnection",
     "ClientEvent",
     "Greeting",
@@ -97,13 +98,21 @@ class NotifyServer:
 
 
 @dataclass(frozen=True, slots=True)
+class Challenge:
+    """``+ <base64>``: the server's step of a SCRAM exchange (profile §5), decoded by the
+    client that asked for it."""
+
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
 class ServerAck:
     """The server's ``310 ACK`` closing a NOTIFY MESSAGE exchange."""
 
 
 ClientEvent = (
     Greeting | Reply | NotifyMessage | NotifyTopic | NotifySub | NotifyServer | ServerAck | Sentinel
-    | NotifySubscription
+    | NotifySubscription | Challenge
 )
 
 _REPLY_RE = re.compile(r"([0-9]{3})(?:([- ])(.*))?")
@@ -239,6 +248,8 @@ class ClientConnection(Reader):
                 return _parse_greeting(text)
             if not text:
                 continue
+            if text.startswith("+ "):
+                return Challenge(text[2:].strip())
             m = _REPLY_RE.fullmatch(text)
             if m is not None:
                 code, sep, rest = m.groups()

@@ -14,7 +14,10 @@ gathers in memory and the dispatcher writes it to Redis about once a second
 Keys (under the cache prefix, so that tests and servers sharing a Redis stay apart):
 ``ops:totals`` (hash: counters since the Redis was empty), ``ops:m:<minute>`` and
 ``ops:h:<hour>`` (hashes of counts per epoch minute / hour, expiring), and
-``ops:listener:<origin>`` (JSON health of one live listener, expiring unless refreshed).
+``ops:listener:<origin>`` (JSON health of one live listener, expiring unless refreshed),
+``ops:session:<guid>`` (hash: one session's messages ``in`` and ``out`` and its listener's
+last word on ``unacked``) and ``ops:sm:<minute>`` (hash: ``<guid>:in`` / ``<guid>:out`` counts
+per epoch minute, for the sessions' rates).
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ MINUTE_KEEP_SECONDS = 2 * 3600
 HOUR_KEEP_SECONDS = 26 * 3600
 #: A listener's health record lives this long unless written again (it is every flush).
 HEALTH_TTL_SECONDS = 15
+#: A session's counters outlive it by this much (a session is ended by its listener; a
+#: listener killed outright leaves them to expire).
+SESSION_KEEP_SECONDS = 7 * 24 * 3600
+SESSION_MINUTE_KEEP_SECONDS = 3 * 60
 
 _client: redis.Redis | None = None
 
@@ -71,13 +78,16 @@ class Deltas:
     totals: Counter[str] = field(default_factory=Counter)
     floats: Counter[str] = field(default_factory=Counter)
     minutes: dict[int, Counter[str]] = field(default_factory=dict)
+    #: Per session and minute: (guid, "in" | "out", epoch minute) → messages.
+    sessions: Counter[tuple[str, str, int]] = field(default_factory=Counter)
 
     def __bool__(self) -> bool:
-        return bool(self.totals or self.floats)
+        return bool(self.totals or self.floats or self.sessions)
 
     def merge(self, other: Deltas) -> None:
         self.totals.update(other.totals)
         self.floats.update(other.floats)
+        self.sessions.update(other.sessions)
         for minute, counts in other.minutes.items():
             self.minutes.setdefault(minute, Counter()).update(counts)
 
@@ -101,6 +111,14 @@ class Recorder:
         if bucket is None:
             bucket = deltas.minutes[minute] = Counter()
         bucket[kind] += n
+
+    def session(self, guid: str | None, direction: str, n: int = 1,
+                now: float | None = None) -> None:
+        """``n`` messages into (published by) or out of (sent to) the session ``guid``."""
+        if n <= 0 or not guid:
+            return
+        minute = int((now if now is not None else time.time()) // 60)
+        self._deltas.sessions[(guid, direction, minute)] += n
 
     def commit(self, kind: str, size: int, seconds: float) -> None:
         """One group commit of ``kind`` (:data:`COMMIT_KINDS`): ``size`` requests in it,
@@ -133,10 +151,22 @@ def _bucket(value: float, bounds: tuple[float, ...]) -> float:
     return math.inf
 
 
-def flush(deltas: Deltas, health: dict | None = None, origin: str = "") -> None:
-    """Add ``deltas`` to the shared counters, and (re)write this listener's health; one
-    pipeline. Raises ``redis.RedisError`` when Redis is unreachable."""
+def flush(deltas: Deltas, health: dict | None = None, origin: str = "",
+          unacked: dict[str, int] | None = None) -> None:
+    """Add ``deltas`` to the shared counters, and (re)write this listener's health and its
+    sessions' ``unacked`` gauges (guid → messages sent and not yet ACKed); one pipeline.
+    Raises ``redis.RedisError`` when Redis is unreachable."""
     pipe = client().pipeline(transaction=False)
+    for (guid, direction, minute), n in deltas.sessions.items():
+        skey, mkey = key("session", guid), key("sm", minute)
+        pipe.hincrby(skey, direction, n)
+        pipe.expire(skey, SESSION_KEEP_SECONDS)
+        pipe.hincrby(mkey, f"{guid}:{direction}", n)
+        pipe.expire(mkey, SESSION_MINUTE_KEEP_SECONDS)
+    for guid, n in (unacked or {}).items():
+        skey = key("session", guid)
+        pipe.hset(skey, "unacked", n)
+        pipe.expire(skey, SESSION_KEEP_SECONDS)
     totals = key("totals")
     for name, n in deltas.totals.items():
         pipe.hincrby(totals, name, n)
@@ -180,6 +210,33 @@ def series(unit: str, first: int, count: int) -> dict[str, list[int]]:
         pipe.hgetall(key(unit, n))
     rows = pipe.execute()
     return {kind: [int(row.get(kind, 0)) for row in rows] for kind in RATE_KINDS}
+
+
+def sessions(guids: list[str], now: float | None = None) -> dict[str, dict]:
+    """guid → {"in", "out", "unacked", "rate_in", "rate_out"} of these sessions: totals
+    since login, and messages per second over the last minute (the finished minute,
+    weighted by how much of it is still within 60 s, plus the current one)."""
+    if not guids:
+        return {}
+    now = time.time() if now is None else now
+    minute = int(now // 60)
+    into = (now % 60) / 60  # of the current minute
+    pipe = client().pipeline(transaction=False)
+    for guid in guids:
+        pipe.hgetall(key("session", guid))
+    pipe.hgetall(key("sm", minute - 1))
+    pipe.hgetall(key("sm", minute))
+    *rows, before, current = pipe.execute()
+    out = {}
+    for guid, row in zip(guids, rows, strict=True):
+        rates = {}
+        for direction in ("in", "out"):
+            field_ = f"{guid}:{direction}"
+            recent = int(current.get(field_, 0)) + int(before.get(field_, 0)) * (1 - into)
+            rates[f"rate_{direction}"] = round(recent / 60, 3)
+        out[guid] = {"in": int(row.get("in", 0)), "out": int(row.get("out", 0)),
+                     "unacked": int(row.get("unacked", 0)), **rates}
+    return out
 
 
 def listeners() -> list[dict]:

@@ -483,3 +483,18 @@ def test_an_ack_recorded_late_leaves_the_next_message_in_flight() -> None:
     assert mailbox.inflight == 2 and mailbox.inflight_payload == "p2"
     mailbox.acked(2)
     assert mailbox.inflight is None
+
+
+def test_unacked_counts_the_message_in_flight_and_the_locks_held():
+    """Issue 36: what the operators' sessions list shows as "unacked"."""
+    box = Mailbox(page_size=10)
+    assert box.unacked == 0
+    box.lock(7, 100.0)
+    box.lock(8, 100.0)
+    assert box.unacked == 2
+    box.inflight = 8  # in flight under its lock: counted once
+    assert box.unacked == 2
+    box.inflight = 9  # a fan-out message in flight, no lock
+    assert box.unacked == 3
+    box.unlock(7)
+    assert box.unacked == 2

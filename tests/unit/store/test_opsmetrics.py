@@ -85,3 +85,24 @@ def test_stats_buckets_are_cumulative(prefix):
     assert ack["size_buckets"]["1.0"] == 2 and ack["size_buckets"]["5.0"] == 3
     assert ack["size_buckets"]["50.0"] == 3 and ack["size_buckets"]["100.0"] == 4
     assert ack["size_buckets"]["+Inf"] == 4
+
+
+def test_session_counters_and_rates(prefix):
+    """Issue 36: per-session messages in and out, the unacked gauge, and the rates over
+    the last minute (the finished minute weighted by how much of it is still within 60 s)."""
+    minute = 29_000_100
+    r = opsmetrics.Recorder()
+    r.session("bob0001", "out", 30, now=minute * 60 + 10)   # the finished minute
+    r.session("bob0001", "out", 6, now=(minute + 1) * 60 + 1)  # the current one
+    r.session("alice0002", "in", 4, now=(minute + 1) * 60 + 2)
+    r.session(None, "in", 5)  # no session (a REST publish): not counted
+    r.session("bob0001", "in", 0)
+    opsmetrics.flush(r.take(), unacked={"bob0001": 1})
+    got = opsmetrics.sessions(["bob0001", "alice0002", "gone0003"],
+                              now=(minute + 1) * 60 + 30)  # half of the current minute
+    assert got["bob0001"] == {"in": 0, "out": 36, "unacked": 1, "rate_in": 0.0,
+                              "rate_out": round((6 + 30 * 0.5) / 60, 3)}
+    assert got["alice0002"]["in"] == 4 and got["alice0002"]["rate_in"] == round(4 / 60, 3)
+    assert got["gone0003"] == {"in": 0, "out": 0, "unacked": 0, "rate_in": 0.0,
+                               "rate_out": 0.0}
+    assert opsmetrics.sessions([]) == {}

@@ -8,6 +8,7 @@ import pytest
 from broker.smqp.client import (
     CLOSED,
     NEED_DATA,
+    Challenge,
     ClientConnection,
     Greeting,
     NotifyMessage,
@@ -380,3 +381,11 @@ def test_message_get_with_abbreviated_names_either_side() -> None:
     assert msg.get("Sequence") == "5"
     assert msg.get("x-a") == "x"
     assert msg.get("Name") is None
+
+
+def test_scram_challenge_lines() -> None:
+    """Issue 36: the server's SCRAM steps (``+ <base64>``) between the login replies."""
+    events = client_events(crlf("200 + \n+ cj1hYmM=\n+ dj1zaWc=\n200-OK\n200 Guid: bob1\n"))
+    assert events[1:] == [Challenge("cj1hYmM="), Challenge("dj1zaWc="),
+                          Reply(200, ["OK", "Guid: bob1"])]
+    assert isinstance(events[0], Reply) and events[0].code == 200
