@@ -251,7 +251,7 @@ class Dispatcher:
             return
         try:
             self.journal.append([(request.account_id, request.smuid, request.attempts,
-                                  request.receipt)])
+                                  request.receipt, request.door)])
         except OSError as exc:
             logger.exception("writing the ACK journal failed")
             raise ServiceError(500, "Server error (ACK not recorded)") from exc
@@ -734,7 +734,7 @@ class Dispatcher:
         longer holds the lock, and nothing changed. The account's other sessions here then
         no longer send it."""
         receipts = await dbthread.run(locks.ack_locked, request.account_id, session_guid,
-                                      request.smuid, request.receipt)
+                                      request.smuid, request.receipt, request.door)
         self.metrics.count("ack")
         self._acked_here(request)
         self._forget_elsewhere(request, session)
@@ -861,7 +861,7 @@ def recover_journals() -> int:
     and offer the receipts that sends; the listener calls this before it serves, Celery beat
     periodically. Returns how many ACKs were applied."""
 
-    def apply(records: list[tuple[int, int, int, bool]]) -> None:
+    def apply(records: list[journal.Record]) -> None:
         notify.messages_committed(ack_batch([AckRequest(*r) for r in records]))
 
     return journal.recover(journal.directory(), apply)
