@@ -751,8 +751,8 @@ class Dispatcher:
     def health(self) -> dict:
         """This listener as the operators' console shows it (opsmetrics.listeners())."""
         return {"origin": self.origin, "host": socket.gethostname(), "pid": os.getpid(),
-                # runsmqp, runqqp, runbroker: which server this dispatcher serves.
-                "command": os.path.basename(sys.argv[1]) if len(sys.argv) > 1 else "",
+                # Which server this dispatcher serves (runsmqp, runqqp, daphne, ...).
+                "command": _command(), "role": process_role(),
                 "started": self._started_at, "at": time.time(),
                 "sessions": sum(len(s) for s in self.sessions.values()),
                 "storage_processes": self.storage.health(),
@@ -817,6 +817,28 @@ def _unpack(entry: bytes) -> tuple[str, str, Message]:
 def _entry_size(entry: bytes) -> int:
     """Bytes a cache entry counts for: its own, and 512 for the rest."""
     return len(entry) + 512
+
+
+#: What the console calls each broker process, by the command that started it.
+ROLES = {"runsmqp": "SMQP listener", "runqqp": "QQP listener",
+         "runlinks": "federation links", "daphne": "web: admin, REST, XMPP (Daphne)",
+         "celery": "Celery worker"}
+
+
+def _command() -> str:
+    """The management command (``manage.py runsmqp``) or the module run (``python -m
+    daphne``, whose argv[0] is its ``__main__.py``) of this process."""
+    argv = sys.argv
+    if argv and os.path.basename(argv[0]) == "__main__.py":
+        return os.path.basename(os.path.dirname(argv[0]))
+    if argv and os.path.basename(argv[0]) in ("manage.py", "django-admin") and len(argv) > 1:
+        return argv[1]
+    return os.path.basename(argv[0]) if argv else ""
+
+
+def process_role() -> str:
+    command = _command()
+    return ROLES.get(command, command or "unknown process")
 
 
 def _may_send(in_flight: int, queued: int, window: tuple[int, int, int]) -> bool:
