@@ -623,6 +623,10 @@ class ReportSummarySerializer(serializers.Serializer):
                                    help_text="The day's totals: published, delivered, acked, "
                                              "expired, dead, republished, bytes_in, bytes_out.")
     error = serializers.CharField(allow_blank=True)
+    partial = serializers.BooleanField(
+        help_text="The day was not over: the report counts the events until `until` and "
+                  "leaves out the hours after it; the nightly run replaces it.")
+    until = serializers.DateTimeField(allow_null=True, help_text="The end of what it counts.")
 
 
 class ReportSerializer(ReportSummarySerializer):

@@ -336,7 +336,7 @@ class TopicMessagesView(APIView):
             [target, request.data], sort_keys=True, default=str).encode()).hexdigest()
         req = PublishRequest(account_id=account.pk, guid="rest", kind="MESSAGE",
                              topic=target, cmuid=key or uuid.uuid4().hex,
-                             message=serializer.message(), peer=peer_of(request))
+                             message=serializer.message(), peer=peer_of(request), door="rest")
         with transaction.atomic():
             if key is not None:
                 first = IdempotencyKey.objects.filter(account=account, key=key).first()
@@ -678,7 +678,7 @@ def report_data(report, tables: bool = False) -> dict:
             "started": report.started, "finished": report.finished, "events": report.events,
             "sessions_peak": report.sessions_peak, "subscribers_peak": report.subscribers_peak,
             "totals": dict(totals[0]) if totals else {m: 0 for m in report_tables.METRICS},
-            "error": report.error}
+            "error": report.error, "partial": report.partial, "until": report.until}
     if tables:
         data["tables"] = report_tables.report_tables(report)
     return data

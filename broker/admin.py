@@ -9,6 +9,7 @@ from broker.domain.values import SmuidSet
 from broker.services import ServiceError
 from broker.services.removal import remove_messages
 from broker.services.selectors import SelectorError, compile_selector
+from broker.services.stats import DELIVERY_COUNTS, message_status
 from topics.admin import console_snapshot, refusal
 
 from .models import DataSection, Delivery, Message, QQPKey, Subscription, UsageEvent
@@ -24,14 +25,23 @@ class DataSectionInline(admin.TabularInline):
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
-    list_display = ("id", "topic", "publisher", "cmuid", "name", "priority", "state", "received",
-                    "size")
+    list_display = ("id", "topic", "publisher", "cmuid", "name", "priority", "status",
+                    "received", "size")
     list_filter = ("state",)
+    list_select_related = ("topic", "publisher")
     search_fields = ("=id", "cmuid", "name", "topic__path", "publisher__username")
     date_hierarchy = "received"
     raw_id_fields = ("topic", "publisher", "in_reply_to")
     inlines = [DataSectionInline]
     actions = ["remove_into_trash"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(**DELIVERY_COUNTS)
+
+    @admin.display(description="state", ordering="state")
+    def status(self, message: Message) -> str:
+        return message_status(message.state, message.n_deliveries, message.n_acked,
+                              message.n_dead)
 
     @admin.action(description="Remove the selected pending messages into Trash",
                   permissions=["change"])
@@ -98,10 +108,19 @@ class SubscriptionAdmin(admin.ModelAdmin):
 @admin.register(Delivery)
 class DeliveryAdmin(admin.ModelAdmin):
     # holder / next_attempt: a queue-mode lock's session and deadline (profile §9.6).
-    list_display = ("message", "account", "state", "attempts", "holder", "next_attempt",
-                    "last_attempt", "acked")
+    list_display = ("message_id", "topic", "account", "state", "attempts", "holder",
+                    "next_attempt", "last_attempt", "acked")
     list_filter = ("state",)
-    search_fields = ("=message__id", "account__username")
+    list_select_related = ("message__topic", "account")
+    search_fields = ("=message__id", "account__username", "message__topic__path")
+
+    @admin.display(description="message", ordering="message_id")
+    def message_id(self, delivery: Delivery) -> int:
+        return delivery.message_id
+
+    @admin.display(description="topic", ordering="message__topic__path")
+    def topic(self, delivery: Delivery) -> str:
+        return delivery.message.topic.path
     raw_id_fields = ("message", "account")
 
 

@@ -468,6 +468,9 @@ SPARK_DRIVER_MEMORY = os.environ.get("SPARK_DRIVER_MEMORY", "")
 SMQP_REPORTS_DIR = os.environ.get("SMQP_REPORTS_DIR", str(VAR_DIR / "reports"))
 # Raw usage events are deleted this many days after their day, once that day is reported.
 SMQP_USAGE_RETENTION_DAYS = env_int("SMQP_USAGE_RETENTION_DAYS", 30)
+# A running report tells the database it is alive every tenth of this; one silent for this
+# long (its process was killed, its machine lost) is taken over by the next trigger.
+SMQP_REPORT_STALE_SECONDS = env_int("SMQP_REPORT_STALE_SECONDS", 600)
 
 # XMPP over WebSocket (XMPP-PROFILE.md): the server's domain (the pubsub service is
 # pubsub.<domain>), the largest frame taken, and where SASL PLAIN is offered besides wss://

@@ -5,6 +5,11 @@ from django.views.generic import RedirectView
 from broker.console.health import healthz, readyz
 from broker.console.metrics import metrics_view
 
+# What the console's pages and emails call the site (templates/admin/base_site.html brands
+# the header and the tab).
+admin.site.site_header = admin.site.site_title = "SMQP broker"
+admin.site.index_title = "Broker administration"
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     # The operators' console (overview, topic and sessions pages) and /metrics.

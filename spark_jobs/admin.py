@@ -39,12 +39,18 @@ def _trend_chart(trend: dict[str, Any]):
 
 @admin.register(UsageReport)
 class UsageReportAdmin(admin.ModelAdmin):
-    list_display = ("day", "state", "events", "sessions_peak", "subscribers_peak", "export",
+    list_display = ("day", "status", "events", "sessions_peak", "subscribers_peak", "export",
                     "job", "trigger", "purged")
     list_filter = ("state",)
     date_hierarchy = "day"
     change_form_template = "admin/spark_jobs/usagereport/report.html"
     change_list_template = "admin/spark_jobs/usagereport/change_list.html"
+
+    @admin.display(description="state", ordering="state")
+    def status(self, report: UsageReport) -> str:
+        if report.partial and report.until is not None:
+            return f"{report.get_state_display()}, partial: until {report.until:%H:%M} UTC"
+        return report.get_state_display()
 
     @admin.display(description="export (s)", ordering="export_seconds")
     def export(self, report: UsageReport) -> str:

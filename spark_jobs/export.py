@@ -87,10 +87,13 @@ def _int(value: object) -> int | None:
         return None
 
 
-def export_day(day: date, out_dir: str,
-               progress: Callable[[int], None] | None = None) -> Exported:
-    """Write ``day``'s events (and what they need from earlier days) into ``out_dir``."""
+def export_day(day: date, out_dir: str, progress: Callable[[int], None] | None = None,
+               until: datetime | None = None) -> Exported:
+    """Write ``day``'s events (and what they need from earlier days) into ``out_dir``; with
+    ``until`` (a partial report), only those before it."""
     start, end = day_bounds(day)
+    if until is not None:
+        end = min(end, until)
     os.makedirs(out_dir, exist_ok=True)
     names = dict(Account.objects.values_list("pk", "username"))
     day_events = UsageEvent.objects.filter(at__gte=start, at__lt=end)

@@ -3,6 +3,9 @@ one night cannot both run it) and the rows the Spark job computed for it."""
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime, time, timedelta
+
 from django.db import models
 
 
@@ -30,12 +33,30 @@ class UsageReport(models.Model):
     purged = models.BigIntegerField(default=0, help_text="Raw events of the day deleted.")
     purged_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # A report of a day not over yet (runreport --partial): it counts the events up to
+    # ``until``, its hours after that are left out, and the nightly run replaces it.
+    partial = models.BooleanField(default=False)
+    until = models.DateTimeField(null=True, blank=True, help_text="The end of what it counts.")
+    # The run that has the row: who (host and pid), its token (a run taken over may not
+    # store its results over its successor's), and when it last said it was alive; a running
+    # row whose heartbeat is older than SMQP_REPORT_STALE_SECONDS is taken over.
+    owner = models.CharField(max_length=200, blank=True)
+    token = models.CharField(max_length=32, blank=True)
+    heartbeat = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-day"]
 
     def __str__(self) -> str:
-        return f"usage report {self.day}"
+        return f"usage report {self.day}" + (" (partial)" if self.partial else "")
+
+    def hours_covered(self) -> int:
+        """How many of the day's hours (from 00:00 UTC) the report counts: 24, or those a
+        partial report's ``until`` has begun."""
+        if not self.partial or self.until is None:
+            return 24
+        start = datetime.combine(self.day, time(0), tzinfo=UTC)
+        return max(0, min(24, math.ceil((self.until - start) / timedelta(hours=1))))
 
 
 class UsageRow(models.Model):

@@ -27,6 +27,7 @@ def report_tables(report: UsageReport) -> dict[str, dict[str, Any]]:
     """Every table of the report page, by the name its CSV link uses."""
     hourly = {r.hour: r for r in UsageRow.objects.filter(report=report, dim="total",
                                                          hour__isnull=False)}
+    # A partial report has the hours it covers (sessions_hourly is cut there too).
     sessions = report.sessions_hourly or [0] * 24
     subscribers = report.subscribers_hourly or [0] * 24
     tables = {
@@ -34,7 +35,7 @@ def report_tables(report: UsageReport) -> dict[str, dict[str, Any]]:
                    "headers": ["hour", *METRIC_HEADERS, "sessions peak", "subscribers peak"],
                    "rows": [[f"{h:02d}:00", *(getattr(hourly[h], m) if h in hourly else 0
                                               for m in METRICS), sessions[h], subscribers[h]]
-                            for h in range(24)]},
+                            for h in range(report.hours_covered())]},
         "doors": _usage_table(report, "door", "Per door", "door"),
         "top-topics": {"title": "Top 10 topics (messages published)",
                        "headers": ["rank", "topic", "published"],
@@ -62,7 +63,7 @@ def report_tables(report: UsageReport) -> dict[str, dict[str, Any]]:
 
 def trend_table(until: UsageReport | None = None) -> dict[str, Any]:
     """Daily totals of the last TREND_DAYS reported days (up to ``until``'s day)."""
-    reports = UsageReport.objects.filter(state=UsageReport.State.DONE)
+    reports = UsageReport.objects.filter(state=UsageReport.State.DONE, partial=False)
     if until is not None:
         reports = reports.filter(day__lte=until.day, day__gt=until.day - timedelta(TREND_DAYS))
     days = list(reports.order_by("-day")[:TREND_DAYS])[::-1]

@@ -20,5 +20,6 @@ def nightly_usage_report(day: str | None = None, master: str | None = None) -> s
     """The report of ``day`` (ISO date; default yesterday, UTC)."""
     when = date.fromisoformat(day) if day else timezone.now().date() - timedelta(days=1)
     report = run_report(when, master=master, trigger="beat",
-                        progress=lambda text: logger.info("usage report %s: %s", when, text))
+                        progress=lambda text: logger.info("usage report %s: %s", when, text),
+                        detail=lambda text: logger.debug("usage report %s: %s", when, text))
     return f"{when}: {'done' if report else 'skipped (already claimed)'}"

@@ -75,7 +75,8 @@ def _publish_test(request: HttpRequest, path: str) -> HttpResponse:
     try:
         published = publish_service.publish(publish_service.PublishRequest(
             account_id=request.user.pk, guid="console", kind="MESSAGE", topic=path,
-            cmuid=cmuid, message=msg, peer=request.META.get("REMOTE_ADDR", "")))
+            cmuid=cmuid, message=msg, peer=request.META.get("REMOTE_ADDR", ""),
+            door="console"))
     except ServiceError as exc:
         messages.error(request, refusal(exc))
         return HttpResponseRedirect(back)

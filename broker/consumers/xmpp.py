@@ -643,7 +643,7 @@ class XMPPConsumer(AsyncConsumer):
         request = publish.PublishRequest(
             account_id=self.account_id, guid=self.session.guid, kind="MESSAGE",
             topic=cmd.node, cmuid=pubsub_service.new_cmuid(cmd.item_id),
-            message=xpayload.message_of(cmd.payload), peer=self.peer)
+            message=xpayload.message_of(cmd.payload), peer=self.peer, door="xmpp")
         future = self.dispatcher.publish(request)
         self._outstanding += 1
         task = self._spawn(self._publish_result(future, cmd, iq))
@@ -741,7 +741,7 @@ class XMPPConsumer(AsyncConsumer):
         receipt = payload is None or ack_service.may_want_receipt(payload[2])
         try:
             await self.dispatcher.ack_locked(
-                ack_service.AckRequest(self.account_id, smuid, 1, receipt),
+                ack_service.AckRequest(self.account_id, smuid, 1, receipt, "xmpp"),
                 self.session.guid, self)
         except ServiceError as exc:
             if exc.code != 409:
@@ -949,7 +949,8 @@ class XMPPConsumer(AsyncConsumer):
         # Profile §3: delivered to the account once written to one session (a frame held
         # for the stanza's flush: once the flush wrote it).
         receipt = ack_service.may_want_receipt(message)
-        request = ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt)
+        request = ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt,
+                                         "xmpp")
         if held:
             self._acks_after_flush.append(request)
         else:

@@ -260,7 +260,7 @@ class Dispatcher:
             return
         try:
             self.journal.append([(request.account_id, request.smuid, request.attempts,
-                                  request.receipt)])
+                                  request.receipt, request.door)])
         except OSError as exc:
             logger.exception("writing the ACK journal failed")
             raise ServiceError(500, "Server error (ACK not recorded)") from exc
@@ -746,7 +746,7 @@ class Dispatcher:
         longer holds the lock, and nothing changed. The account's other sessions here then
         no longer send it."""
         receipts = await dbthread.run(locks.ack_locked, request.account_id, session_guid,
-                                      request.smuid, request.receipt)
+                                      request.smuid, request.receipt, request.door)
         self.metrics.count("ack")
         self._acked_here(request)
         self._forget_elsewhere(request, session, live_too=True)
@@ -763,8 +763,8 @@ class Dispatcher:
     def health(self) -> dict:
         """This listener as the operators' console shows it (opsmetrics.listeners())."""
         return {"origin": self.origin, "host": socket.gethostname(), "pid": os.getpid(),
-                # runsmqp, runqqp, runbroker: which server this dispatcher serves.
-                "command": os.path.basename(sys.argv[1]) if len(sys.argv) > 1 else "",
+                # Which server this dispatcher serves (runsmqp, runqqp, daphne, ...).
+                "command": _command(), "role": process_role(),
                 "started": self._started_at, "at": time.time(),
                 "sessions": sum(len(s) for s in self.sessions.values()),
                 "storage_processes": self.storage.health(),
@@ -844,6 +844,28 @@ def _entry_size(entry: bytes) -> int:
     return len(entry) + 512
 
 
+#: What the console calls each broker process, by the command that started it.
+ROLES = {"runsmqp": "SMQP listener", "runqqp": "QQP listener",
+         "runlinks": "federation links", "daphne": "web: admin, REST, XMPP (Daphne)",
+         "celery": "Celery worker"}
+
+
+def _command() -> str:
+    """The management command (``manage.py runsmqp``) or the module run (``python -m
+    daphne``, whose argv[0] is its ``__main__.py``) of this process."""
+    argv = sys.argv
+    if argv and os.path.basename(argv[0]) == "__main__.py":
+        return os.path.basename(os.path.dirname(argv[0]))
+    if argv and os.path.basename(argv[0]) in ("manage.py", "django-admin") and len(argv) > 1:
+        return argv[1]
+    return os.path.basename(argv[0]) if argv else ""
+
+
+def process_role() -> str:
+    command = _command()
+    return ROLES.get(command, command or "unknown process")
+
+
 def _may_send(in_flight: int, queued: int, window: tuple[int, int, int]) -> bool:
     """May a publish batch of the ``queued`` publishes go, with ``in_flight`` on their way?
     ``window``: (at most, whatever their size, beyond that only with this many publishes:
@@ -886,7 +908,7 @@ def recover_journals() -> int:
     and offer the receipts that sends; the listener calls this before it serves, Celery beat
     periodically. Returns how many ACKs were applied."""
 
-    def apply(records: list[tuple[int, int, int, bool]]) -> None:
+    def apply(records: list[journal.Record]) -> None:
         notify.messages_committed(ack_batch([AckRequest(*r) for r in records]))
 
     return journal.recover(journal.directory(), apply)

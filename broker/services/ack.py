@@ -40,6 +40,8 @@ class AckRequest:
     # False when the message is known not to ask for a receipt (:func:`may_want_receipt`):
     # the ACK then needs nothing read back before its COMMIT.
     receipt: bool = True
+    #: The door of the session that ACKed (``broker.store.journal.DOORS``), for the reports.
+    door: str = "smqp"
 
 
 def may_want_receipt(message: codec.Message) -> bool:
@@ -80,7 +82,7 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     smuids = sorted({ack.smuid for ack in acks})
     kind = UsageEvent.Kind.ACK.value
     events = stored.event_rows(
-        [(kind, names[a.account_id], "", a.smuid, 0, "", {}) for a in acks], now)
+        [(kind, names[a.account_id], "", a.smuid, 0, "", {"door": a.door}) for a in acks], now)
     wanted = any(ack.receipt for ack in acks)
     receipts: list[Published] = []
     with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):

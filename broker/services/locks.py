@@ -77,7 +77,7 @@ def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
 
 
 def ack_locked(account_id: int, session_guid: str, smuid: int,
-               receipt: bool = True) -> list[Published]:
+               receipt: bool = True, door: str = "smqp") -> list[Published]:
     """The ACK of a queue message by the session holding its lock: the delivery is ACKED
     only while this session holds an unexpired lock on it, else 409 and nothing changes.
     Then, as for any ACK (:func:`.ack.ack_batch`, whose durability it shares), the
@@ -94,8 +94,8 @@ def ack_locked(account_id: int, session_guid: str, smuid: int,
     with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
         if stored.consume_lock(account_id, session_guid, smuid, now)():
             stored.finish_messages([smuid], now)
-            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "", {})],
-                              now)
+            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "",
+                                {"door": door})], now)
             receipts = send_receipts([smuid], now) if receipt else []
     if receipts is None:
         raise conflict("lock not held")

@@ -40,7 +40,9 @@ class PublishRequest:
     cmuid: str
     message: codec.Message
     peer: str = ""
-    door: str = "smqp"  # which door took it, for the usage reports ("smqp", "qqp")
+    #: Which door took it, for the usage reports: "smqp", "xmpp", "rest", "qqp", "console",
+    #: "federation".
+    door: str = "smqp"
 
 
 #: Written by a server that stores a forwarded message (:mod:`.federation`), never taken from

@@ -121,7 +121,8 @@ def publish_prepared(items: list[tuple[Topic | Node, NewMessage]], *, publisher:
     now = timezone.now()
     results: list[Published | ServiceError | None] = [None] * len(items)
     requests = [PublishRequest(account_id=0, guid=guid, kind="MESSAGE", topic=topic.path,
-                               cmuid=row.cmuid, message=codec.Message([], []), peer=peer)
+                               cmuid=row.cmuid, message=codec.Message([], []), peer=peer,
+                               door="federation")
                 for topic, row in items]
     prepared: list[Prepared] = [(i, topic, row) for i, (topic, row) in enumerate(items)]
     with hot_transaction():

@@ -173,7 +173,7 @@ def ack(snapshot: AccessSnapshot, receipt: str) -> list[Published]:
     smuid, holder = parse_receipt(receipt)
     wants = Message.objects.filter(pk=smuid).values_list("receipt", flat=True).first()
     return ack_locked(snapshot.account.pk, holder, smuid,
-                      receipt=bool(wants) if wants is not None else True)
+                      receipt=bool(wants) if wants is not None else True, door="rest")
 
 
 def nack(snapshot: AccessSnapshot, receipt: str) -> list[Published]:

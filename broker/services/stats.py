@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import redis
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -198,7 +198,7 @@ def snapshot() -> dict:
           "dead_letters": [{"smuid", "topic", "account", "attempts", "at",
                             "message_state", "republishable"}],
           "group_commits": {"publish": {...}, "ack": {...}},  # see group_commits()
-          "listeners": [{"origin", "host", "pid", "command", "started", "at", "sessions",
+          "listeners": [{"origin", "host", "pid", "command", "role", "started", "at", "sessions",
                          "journal_backlog", "publish_queue",
                          "storage_processes": [{"name", "pid", "alive", "waiting",
                                                 "starts"}]}],
@@ -240,6 +240,29 @@ def empty_rates(now: float | None = None) -> dict:
     }
 
 
+#: Per message: its deliveries, how many are ACKed, how many dead (for :func:`message_status`).
+DELIVERY_COUNTS = {
+    "n_deliveries": Count("deliveries"),
+    "n_acked": Count("deliveries", filter=Q(deliveries__state=Delivery.State.ACKED)),
+    "n_dead": Count("deliveries", filter=Q(deliveries__state=Delivery.State.DEAD)),
+}
+
+
+def message_status(state: str, deliveries: int, acked: int, dead: int) -> str:
+    """What a stored message's state means for its subscribers. "pending" is the message's
+    place (in its topic, not in Trash), not its deliveries': a fan-out message every
+    subscriber ACKed stays there until its timeout, and must not read as undelivered."""
+    if state != Message.State.PENDING:
+        return state
+    if deliveries == 0:
+        return "stored, no delivery (no subscriber)"
+    if acked + dead == deliveries:
+        return (f"ACKed by all {acked}" if not dead else
+                f"ACKed by {acked}, dead for {dead}") + "; kept until its timeout"
+    return f"ACKed by {acked} of {deliveries}" + (f", dead for {dead}" if dead else "")
+
+
+
 def topic_detail(path: str) -> dict | None:
     """One topic for its console page: depth, per-minute publishes and ACKs over the last
     hour (from the store: messages received, deliveries ACKed), its subscribing accounts
@@ -264,8 +287,12 @@ def topic_detail(path: str) -> dict | None:
                                                       if s["account"] == names[a]]}
                    for a in subscriber_ids if a in names]
     recent = [{"smuid": m.pk, "received": m.received.isoformat(), "size": m.size,
-               "state": m.state, "cmuid": m.cmuid}
-              for m in Message.objects.filter(topic=topic).order_by("-id")[:10]]
+               "state": m.state, "cmuid": m.cmuid, "deliveries": m.n_deliveries,
+               "acked": m.n_acked, "dead": m.n_dead}
+              for m in Message.objects.filter(topic=topic).annotate(**DELIVERY_COUNTS)
+              .order_by("-id")[:10]]
+    for m in recent:
+        m["status"] = message_status(m["state"], m["deliveries"], m["acked"], m["dead"])
     return {
         "path": topic.path,
         "asked": path,

@@ -37,8 +37,13 @@ from typing import Any
 
 logger = logging.getLogger("broker.store.journal")
 
-#: account id, smuid, delivery attempts, "may want a receipt" (little-endian, 21 bytes).
+#: account id, smuid, delivery attempts, flags (little-endian, 21 bytes). Flags: bit 0 "may
+#: want a receipt", the bits above it the door that took the ACK (its index in DOORS, for
+#: the usage reports; 0, SMQP, in records written before doors were recorded).
 RECORD = struct.Struct("<qqiB")
+DOORS = ("smqp", "xmpp", "rest")
+#: (account id, smuid, attempts, may want a receipt, door)
+Record = tuple[int, int, int, bool, str]
 SUFFIX = ".acks"
 #: A segment this large is closed and the next one started (about 200,000 ACKs).
 SEGMENT_BYTES = 4 * 1024 * 1024
@@ -58,15 +63,17 @@ def directory(settings_dict: dict[str, Any] | None = None) -> Path:
     return Path(settings.VAR_DIR) / "ack-journal" / key
 
 
-def pack(records: Iterable[tuple[int, int, int, bool]]) -> bytes:
-    return b"".join(RECORD.pack(a, s, n, r) for a, s, n, r in records)
+def pack(records: Iterable[Record]) -> bytes:
+    return b"".join(RECORD.pack(a, s, n, int(r) | DOORS.index(d) << 1)
+                    for a, s, n, r, d in records)
 
 
-def unpack(data: bytes) -> list[tuple[int, int, int, bool]]:
+def unpack(data: bytes) -> list[Record]:
     """The whole records of ``data``; a torn last one (the writer died mid-write) is
     dropped: its ``310 ACK`` was never sent."""
     whole = len(data) - len(data) % RECORD.size
-    return [(a, s, n, bool(r)) for a, s, n, r in RECORD.iter_unpack(data[:whole])]
+    return [(a, s, n, bool(f & 1), DOORS[f >> 1] if f >> 1 < len(DOORS) else DOORS[0])
+            for a, s, n, f in RECORD.iter_unpack(data[:whole])]
 
 
 class _Segment:
@@ -111,7 +118,7 @@ class AckJournal:
         self._closed: deque[_Segment] = deque()  # full segments with records not yet applied
         self._current = _create(folder)
 
-    def append(self, records: list[tuple[int, int, int, bool]]) -> None:
+    def append(self, records: list[Record]) -> None:
         """Write records (raises OSError, e.g. a full disk: then none of them counts as
         recorded, and the segment is cut back to its last whole record, so that the records
         appended after them stay aligned)."""
@@ -196,7 +203,7 @@ def _orphans(folder: Path) -> Iterator[tuple[Path, int]]:
 
 
 def recover(folder: Path,
-            apply: Callable[[list[tuple[int, int, int, bool]]], Any]) -> int:
+            apply: Callable[[list[Record]], Any]) -> int:
     """Apply the segments of listeners that are gone (``apply`` commits a list of records),
     then delete them. Returns how many records were applied. A segment whose ``apply``
     fails is kept for the next try."""

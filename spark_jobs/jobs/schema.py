@@ -19,8 +19,9 @@ PRIOR_COLUMNS = ("smuid", "at", "account", "topic", "bytes", "door")
 #: subscriptions were open when it began (``meta.json``).
 META_FILE = "meta.json"
 
-#: Events written without a door (ACKs, dead letters, expiries) happened on SMQP, the only
-#: door that ACKs; publishes name theirs.
+#: The door of events that name none: ACKs written before ACKs named theirs (then SMQP and
+#: XMPP ones alike), republishes (SMQP's REPUBLISH), expiries and dead letters whose publish
+#: is not known.
 DEFAULT_DOOR = "smqp"
 #: The key of events whose topic is unknown (an ACK of a message whose publish event is
 #: older than the retention).

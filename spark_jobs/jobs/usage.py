@@ -7,10 +7,11 @@ each account, each door, each exact topic and each topic subtree) and summed aga
 and per day (one GROUPING SETS pass).
 
 Attribution: a publish counts for its publisher, topic and door, its ``receivers`` as
-delivered (deliveries made when it was stored); an ACK for the account that ACKed, the
-topic and size of the message it ACKs (joined on smuid with the publish event, of this day
-or an earlier one), its latency is ACK time minus publish time; an expiry and a dead letter
-for the message's topic and publisher (a dead letter: for the account it died for).
+delivered (deliveries made when it was stored); an ACK for the account that ACKed and the
+door it ACKed through, the topic and size of the message it ACKs (joined on smuid with the
+publish event, of this day or an earlier one), its latency is ACK time minus publish time;
+an expiry and a dead letter for the message's topic, publisher and the door it was published
+through (a dead letter: for the account it died for).
 
 Latency percentiles use Spark's ``percentile_approx`` with :data:`ACCURACY`: the value
 returned for percentile p is a latency of the data whose rank is within ``n / ACCURACY`` of
@@ -39,11 +40,13 @@ TOP = 10
 
 def session(master: str = "local[*]", app: str = "smqp-usage-report",
             shuffle_partitions: int = 8, driver_memory: str | None = None) -> SparkSession:
-    """A Spark session for the reports: UTC (hours are UTC hours), no web UI, few shuffle
-    partitions (the aggregated data is small; 200 would cost more than the work)."""
+    """A Spark session for the reports: UTC (hours are UTC hours), no web UI and no console
+    progress bars, few shuffle partitions (the aggregated data is small; 200 would cost
+    more than the work)."""
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per gateway call otherwise
     builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions)))
     if driver_memory:
@@ -59,7 +62,7 @@ def _facts(events: DataFrame, prior: DataFrame) -> DataFrame:
             .dropDuplicates(["smuid"])
             .select(F.col("smuid").alias("p_smuid"), F.col("at").alias("p_at"),
                     F.col("account").alias("p_account"), F.col("topic").alias("p_topic"),
-                    F.col("bytes").alias("p_bytes")))
+                    F.col("bytes").alias("p_bytes"), F.col("door").alias("p_door")))
     counted = events.where(F.col("kind").isin("publish", "republish", "ack", "expire", "dead"))
     joined = counted.join(pubs, counted.smuid == pubs.p_smuid, "left")
     kind = F.col("kind")
@@ -74,13 +77,19 @@ def _facts(events: DataFrame, prior: DataFrame) -> DataFrame:
                .when(kind == "expire", F.coalesce(F.col("p_account"), F.col("account")))
                .otherwise(F.col("account")))
     topic = F.coalesce(nonempty("topic"), F.col("p_topic"), F.lit(UNKNOWN_TOPIC))
+    # Publishes and ACKs name the door that took them; an expiry or a dead letter is the
+    # fate of a message, counted for the door it came in by.
+    door = F.coalesce(
+        F.when(kind.isin("expire", "dead"), F.coalesce(nonempty("p_door"), nonempty("door")))
+        .otherwise(nonempty("door")),
+        F.lit(DEFAULT_DOOR))
     latency = F.when((kind == "ack") & F.col("p_at").isNotNull(),
                      (F.unix_micros(F.col("at")) - F.unix_micros(F.col("p_at"))) / 1000.0)
     return joined.select(
         F.hour("at").alias("hour"),
         account.alias("account"),
         topic.alias("topic"),
-        F.coalesce(nonempty("door"), F.lit(DEFAULT_DOOR)).alias("door"),
+        door.alias("door"),
         when("publish", 1).alias("published"),
         when("publish", F.coalesce(F.col("receivers"), F.lit(0))).alias("delivered"),
         when("ack", 1).alias("acked"),

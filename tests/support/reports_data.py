@@ -70,14 +70,16 @@ def generate(day: date, publishes: int = 600, seed: int = 25,
         topic, publisher = rnd.choice(TOPICS), rnd.choice(ACCOUNTS)
         to = rnd.randrange(0, 4)
         size = rnd.randrange(0, 100_000)
-        door = rnd.choice(("smqp", "smqp", "qqp"))
+        door = rnd.choice(("smqp", "smqp", "qqp", "rest", "xmpp", "console", "federation"))
         events.append(Event(at, "publish", publisher, topic, smuid, size,
                             {"door": door, "to": to}))
         for receiver in rnd.sample(ACCOUNTS, to):
             fate = rnd.random()
             later = at + timedelta(milliseconds=rnd.randrange(1, 600_000))
-            if fate < 0.7:
-                events.append(Event(later, "ack", receiver, "", smuid))  # maybe tomorrow
+            if fate < 0.7:  # maybe tomorrow; from an SMQP, XMPP or REST session, or untold
+                ack_door = rnd.choice(("smqp", "xmpp", "rest", None))
+                events.append(Event(later, "ack", receiver, "", smuid,
+                                    detail={"door": ack_door} if ack_door else {}))
             elif fate < 0.8:
                 events.append(Event(later, "dead", smuid=smuid,
                                     detail={"account_id": ids[receiver],
@@ -145,6 +147,8 @@ def expected(events: list[Event], day: date, names: dict[int, str],
         pub = pubs.get(e.smuid)
         topic = e.topic or (pub.topic if pub else "") or "(unknown)"
         door = e.detail.get("door") or "smqp"
+        if e.kind in ("expire", "dead"):
+            door = (pub.detail.get("door") if pub else None) or "smqp"
         if e.kind == "dead":
             account = names[e.detail["account_id"]]
         elif e.kind == "expire":

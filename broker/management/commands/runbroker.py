@@ -123,9 +123,11 @@ class Command(BaseCommand):
                 f" {', '.join(smqp)}. Ctrl-C stops."
             )
             if not settings.SMQP_TLS:
-                self.stdout.write("TLS is off: set SMQP_TLS_CERT and SMQP_TLS_KEY (PEM files) to "
-                                  "serve SMQPS on SMQP_TLS_PORT (7443), QQPS, and HTTPS/wss:// "
-                                  "on SMQP_HTTPS_PORT (8443).")
+                self.stdout.write(
+                    "TLS is off: set SMQP_TLS_CERT and SMQP_TLS_KEY (PEM files) to serve SMQPS "
+                    f"on SMQP_TLS_PORT ({opts['smqp_tls_port']}), QQPS on SMQP_QQP_TLS_PORT "
+                    f"({settings.SMQP_QQP_TLS_PORT}), and HTTPS/wss:// on SMQP_HTTPS_PORT "
+                    f"({opts['https_port']}).")
             sys.stdout.flush()
             while not stopping:
                 for name, proc in procs.items():

@@ -27,7 +27,24 @@
     });
   }
 
-  function drawChart(id, series) {
+  // The last bucket is the current minute (hour), not over yet: drawn, it would drop toward
+  // zero at every refresh. The line stops at the last finished one; the caption under the
+  // chart tells the current one so far.
+  function finished(series, id, unit) {
+    const n = series.publish.length - 1;
+    const caption = document.getElementById(id + "-sofar");
+    if (caption) {
+      caption.textContent = `this ${unit} so far: ` + ["publish", "deliver", "ack"]
+        .map((k) => `${series[k][n]} ${k === "ack" ? "ACKed" : k + "ed"}`).join(", ");
+      for (const k of ["publish", "deliver", "ack"]) caption.dataset[k] = series[k][n];
+    }
+    const out = { start: series.start, step_seconds: series.step_seconds };
+    for (const k of ["publish", "deliver", "ack"]) out[k] = series[k].slice(0, n);
+    return out;
+  }
+
+  function drawChart(id, series, unit) {
+    series = finished(series, id, unit);
     const data = {
       labels: labels(series),
       datasets: ["publish", "deliver", "ack"].map((kind) => ({
@@ -54,8 +71,8 @@
   }
 
   function render(s) {
-    drawChart("ops-rate-minutes", s.rates.minutes);
-    drawChart("ops-rate-hours", s.rates.hours);
+    drawChart("ops-rate-minutes", s.rates.minutes, "minute");
+    drawChart("ops-rate-hours", s.rates.hours, "hour");
 
     const doors = Object.entries(s.sessions.by_door).sort();
     fill(document.querySelector("#ops-sessions tbody"), [
@@ -121,10 +138,11 @@
           `${p.name} ${p.alive ? "up" : "DOWN"} (pid ${p.pid ?? "–"}, started ${p.starts}×, waiting ${p.waiting}) `);
         lanes.append(span);
       }
-      tr.append(el("td", {}, l.host), el("td", {}, l.pid + (l.command ? " (" + l.command + ")" : "")), el("td", { class: "num" }, l.sessions), lanes,
+      tr.append(el("td", { "data-field": "role" }, l.role || l.command || "–"), el("td", {}, l.host),
+        el("td", {}, l.pid + (l.command ? " (" + l.command + ")" : "")), el("td", { class: "num" }, l.sessions), lanes,
         el("td", {}, Math.max(0, Math.round(Date.now() / 1000 - l.at)) + " s ago"));
       return tr;
-    }) : [(() => { const tr = el("tr"); tr.append(el("td", { colspan: 5 }, "No listener has reported (none running, or Redis unreachable).")); return tr; })()];
+    }) : [(() => { const tr = el("tr"); tr.append(el("td", { colspan: 6 }, "No listener has reported (none running, or Redis unreachable).")); return tr; })()];
     fill(document.querySelector("#ops-listeners tbody"), listeners);
 
     const links = document.getElementById("ops-links-section");

@@ -7,6 +7,15 @@
   let chart = null;
 
   function draw(rates) {
+    // The last minute is not over: the line stops before it, the caption tells it so far.
+    const n = rates.publish.length - 1;
+    const caption = document.getElementById("ops-topic-rates-sofar");
+    if (caption) {
+      caption.textContent = `this minute so far: ${rates.publish[n]} published, ${rates.ack[n]} ACKed`;
+      caption.dataset.publish = rates.publish[n];
+      caption.dataset.ack = rates.ack[n];
+    }
+    rates = { start: rates.start, publish: rates.publish.slice(0, n), ack: rates.ack.slice(0, n) };
     const start = Date.parse(rates.start);
     const data = {
       labels: rates.publish.map((_, i) => new Date(start + i * 60000).toISOString().slice(11, 16)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -88,3 +89,45 @@ def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
         )
     assert result.returncode != 0
     assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def _start_in_terminal_group(env, tmp_path, *args):
+    """runbroker as a shell starts it: the leader of the terminal's foreground process group,
+    which the terminal's Ctrl-C (SIGINT) reaches as a whole."""
+    log_path = tmp_path / "runbroker.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runbroker", *args],
+            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log_path
+
+
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_ctrl_c_stops_every_child_cleanly(database_urls, tmp_path, when):
+    """Issue 36 item 11: Ctrl-C (SIGINT to the process group), while the children are still
+    starting or once all run, stops them all: no traceback, none killed, and the start-up
+    hints name the ports configured (here through the environment), not the defaults."""
+    ports = {name: free_port() for name in ("HTTP_PORT", "SMQP_PORT", "SMQP_QQP_PORT",
+                                            "SMQP_TLS_PORT", "SMQP_HTTPS_PORT",
+                                            "SMQP_QQP_TLS_PORT")}
+    env = {**base_env(tmp_path, database_urls["sqlite"]),
+           **{k: str(v) for k, v in ports.items()}}
+    proc, log_path = _start_in_terminal_group(env, tmp_path)
+    try:
+        wait_for(lambda: "Broker running" in log_path.read_text(), 90, "the start-up line")
+        if when == "running":
+            wait_for(lambda: "ready" in log_path.read_text() and "beat: Starting" in
+                     log_path.read_text(), 90, "the Celery worker and beat")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert "Broker stopped." in text
+    assert "Traceback" not in text and "did not stop" not in text, text[-4000:]
+    hints = text[text.index("Broker running"):].splitlines()[:2]
+    assert f":{ports['HTTP_PORT']}/admin/" in hints[0] and f":{ports['SMQP_PORT']}" in hints[0]
+    assert f":{ports['SMQP_QQP_PORT']}" in hints[0]
+    for name in ("SMQP_TLS_PORT", "SMQP_HTTPS_PORT", "SMQP_QQP_TLS_PORT"):
+        assert f"{name} ({ports[name]})" in hints[1], hints

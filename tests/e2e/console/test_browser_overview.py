@@ -84,13 +84,34 @@ def cell(browser, css: str) -> str | None:
 
 
 def chart_sums(browser, canvas_id: str) -> dict[str, int] | None:
-    """What Chart.js drew on the canvas: each dataset's total."""
+    """What Chart.js drew on the canvas (the finished minutes or hours), plus the current
+    one so far from the caption under it: each dataset's total."""
     return browser.execute_script("""
         const c = Chart.getChart(arguments[0]);
         if (!c) return null;
+        const sofar = document.getElementById(arguments[0] + "-sofar");
         const out = {};
-        for (const d of c.data.datasets) out[d.label] = d.data.reduce((a, b) => a + b, 0);
+        for (const d of c.data.datasets) {
+          out[d.label] = d.data.reduce((a, b) => a + b, 0) + Number(sofar.dataset[d.label]);
+        }
         return out;""", canvas_id)
+
+
+def list_cut_off(browser) -> bool:
+    """Does the change list scroll sideways (a column cut off) at the window's width?"""
+    return browser.execute_script("""
+        const r = document.querySelector('#changelist .results');
+        return r.scrollWidth > r.clientWidth + 1;""")
+
+
+def chart_shape(browser, canvas_id: str) -> dict | None:
+    """The chart's points and labels, and the caption under it."""
+    return browser.execute_script("""
+        const c = Chart.getChart(arguments[0]);
+        if (!c) return null;
+        return {points: c.data.datasets[0].data.length, last: c.data.labels.at(-1),
+                caption: document.getElementById(arguments[0] + "-sofar").textContent};""",
+                                  canvas_id)
 
 
 def canvas_has_ink(browser, canvas_id: str) -> bool:
@@ -248,12 +269,13 @@ def test_links_on_the_overview(stack, browser, shoot):
         error = row.find_element(By.CSS_SELECTOR, "td.ops-error").text
         assert error and "ops-bad" in row.find_element(
             By.CSS_SELECTOR, "td.ops-error").get_attribute("class")
+        # The figures are the store's (the same service as the REST API's). Read first: the
+        # table is refilled every few seconds, and a slow read would leave stale cells.
+        store = {x["name"]: x for x in stack.store(
+            "from broker.services import stats\nresult = stats.links()")}
         up = browser.find_element(By.CSS_SELECTOR, loop).find_elements(By.CSS_SELECTOR, "td")
         assert up[2].text == "up" and "ops-ok" in up[2].get_attribute("class")
         assert f"alice@{stack.smqp.host}:{stack.smqp.port}" in up[1].text
-        # The figures are the store's (the same service as the REST API's).
-        store = {x["name"]: x for x in stack.store(
-            "from broker.services import stats\nresult = stats.links()")}
         assert up[3].text == str(store["loop"]["backlog"])
         assert browser.find_element(By.CSS_SELECTOR, dead).find_elements(
             By.CSS_SELECTOR, "td")[3].text == "\u2013"  # no peer account: no backlog figure
@@ -267,3 +289,68 @@ def test_links_on_the_overview(stack, browser, shoot):
         assert browser.find_element(By.CSS_SELECTOR, dead).find_element(
             By.CSS_SELECTOR, "td.ops-error").text == ""
         shoot("8-links-all-up")
+
+
+def test_branding_deliveries_message_states_listeners_and_the_unfinished_minute(
+        stack, browser, shoot):
+    """Issue 36 item 4: the console is "SMQP broker" with its icon; the per-minute chart stops
+    at the last finished minute and tells the current one so far; the listeners table names
+    each process by its role; deliveries name their topic; a fan-out message its subscriber
+    ACKed is not shown as "pending"."""
+    import urllib.request
+    from datetime import UTC, datetime, timedelta
+
+    from selenium.webdriver.common.by import By
+
+    browser.get(stack.http + "/admin/")
+    assert browser.title.endswith("| SMQP broker"), browser.title
+    assert browser.find_element(By.CSS_SELECTOR, "#site-name").text.strip() == "SMQP broker"
+    icon = browser.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
+    with urllib.request.urlopen(icon, timeout=10) as reply:
+        assert reply.status == 200 and b"<svg" in reply.read()
+    with Session(stack.smqp.host, stack.smqp.port, "bob") as bob, \
+            Session(stack.smqp.host, stack.smqp.port, "alice") as alice:
+        assert bob.command("SUBSCRIBE MESSAGE /ops/a").code == 200
+        smuid = smuid_of(alice.publish("/ops/a", "fanout-acked"))
+        while True:  # (earlier tests' messages first)
+            got = bob.message(timeout=30)
+            bob.ack()
+            if got.message.get("Smuid").rsplit("/", 1)[-1] == str(smuid):
+                break
+        browser.get(stack.http + "/admin/")
+        shape = wait_until(lambda: chart_shape(browser, "ops-rate-minutes"),
+                           what="the minute chart")
+        now = datetime.now(UTC)
+        assert shape["points"] == 59  # of 60 buckets: the current minute is not a point
+        assert shape["last"] in {(now - timedelta(minutes=m)).strftime("%H:%M") for m in (1, 2)}
+        assert shape["caption"].startswith("this minute so far: ")
+        roles = wait_until(lambda: browser.execute_script(  # (the table is refilled live)
+            "return [...document.querySelectorAll('#ops-listeners [data-field=\"role\"]')]"
+            ".map((e) => e.textContent);") or None, what="the listeners table")
+        assert "SMQP listener" in roles, roles
+        shoot("7-overview-roles-and-finished-minutes")
+        # The Message list: the ACKed fan-out message says so.
+        browser.get(stack.http + f"/admin/broker/message/?id={smuid}")
+        row = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"),
+                         what="the message list")[0]
+        status = row.find_element(By.CSS_SELECTOR, "td.field-status").text
+        assert status.startswith("ACKed by all 1"), status
+        assert "pending" not in status
+        shoot("8-message-acked-fan-out")
+        assert not list_cut_off(browser)
+        # The topic page's latest messages too.
+        browser.get(stack.http + "/admin/ops/topic/?path=/ops/a")
+        states = [e.text for e in browser.find_elements(
+            By.CSS_SELECTOR, '#ops-recent [data-field="status"]')]
+        assert states and states[0].startswith("ACKed by all 1"), states
+        # Deliveries name the topic path.
+        browser.get(stack.http + f"/admin/broker/delivery/?message__id__exact={smuid}")
+        topics = [e.text for e in browser.find_elements(
+            By.CSS_SELECTOR, "#result_list td.field-topic")]
+        assert topics == ["/ops/a"], topics
+        shoot("9-deliveries-with-topic")
+        assert not list_cut_off(browser)
+        for page in ("broker/usageevent", "broker/subscription", "accounts/loginsession"):
+            browser.get(f"{stack.http}/admin/{page}/")
+            shoot(f"10-list-{page.replace('/', '-')}")
+            assert not list_cut_off(browser), page

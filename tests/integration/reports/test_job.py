@@ -15,11 +15,14 @@ from django.utils import timezone
 
 from accounts.models import Account, LoginSession
 from broker.models import Subscription, UsageEvent
+from spark_jobs import runner
 from spark_jobs.models import DeadLetterRow, LatencyRow, TopEntry, UsageReport, UsageRow
-from spark_jobs.runner import claim, purge_reported, run_report
+from spark_jobs.runner import DayNotOver, TakenOver, claim, purge_reported, run_report
+from spark_jobs.tables import report_tables, trend_table
 from tests.conftest import ROOT
 from tests.support import reports_data
 
+pytestmark = pytest.mark.timeout(600)  # Spark jobs, on a shared machine
 DAY = date(2026, 3, 14)
 METRICS = reports_data.METRICS
 
@@ -81,10 +84,13 @@ def test_report_matches_independent_computation(spark, tmp_path, settings) -> No
     events, names, sessions, subscribers = _setup_day()
     want = reports_data.expected(events, DAY, names, sessions, subscribers)
     progress: list[str] = []
-    report = run_report(DAY, spark=spark, progress=progress.append)
+    detail: list[str] = []
+    report = run_report(DAY, spark=spark, progress=progress.append, detail=detail.append)
     assert report is not None and report.state == "done", report and report.error
     assert report.events == want["events"]
-    assert any("exporting" in p for p in progress) and any("job done" in p for p in progress)
+    assert [p.split()[0] for p in progress] == ["exporting", "running", "storing", "purging",
+                                                "report"]
+    assert any("job done" in d for d in detail)
 
     got_usage = _stored_usage(report)
     assert len(got_usage) == len(want["usage"])
@@ -153,6 +159,55 @@ def test_failed_run_is_recorded_and_can_be_claimed_again(tmp_path, settings,
     # A failed day may be claimed again (once).
     assert claim(date(2021, 5, 5), trigger="t", master="m") is not None
     assert claim(date(2021, 5, 5), trigger="t", master="m") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_partial_report_of_a_day_not_over_then_the_full_day(spark, tmp_path, settings) -> None:
+    """Issue 36 item 7: at 12:30 the day is refused unless partial; the partial report counts
+    what happened before 12:30 and has no hours after it; the nightly run (the day over)
+    replaces it with the whole day, and only a full report is purged or trended."""
+    settings.SMQP_REPORTS_DIR = str(tmp_path)
+    day = date(2026, 4, 1)
+    start = reports_data.day_start(day)
+    noon = start + timedelta(hours=12, minutes=30)
+    reports_data.insert([
+        reports_data.Event(start + timedelta(hours=h), "publish", "bob", "/p", 500 + h, 10,
+                           {"door": "xmpp", "to": 0}) for h in (1, 12, 13, 23)])
+    with pytest.raises(DayNotOver, match="is not over"):
+        run_report(day, spark=spark, now=noon)
+    assert not UsageReport.objects.filter(day=day).exists()
+    report = run_report(day, spark=spark, now=noon, partial=True)
+    assert report is not None and report.state == "done" and report.partial
+    assert report.until == noon and report.hours_covered() == 13
+    assert report.events == 2 and len(report.sessions_hourly) == 13
+    rows = report_tables(report)
+    assert [r[0] for r in rows["hourly"]["rows"]][-1] == "12:00"
+    assert rows["doors"]["rows"] == [["xmpp", 2, 0, 0, 0, 0, 0, 20, 0]]
+    assert day not in [r[0] for r in trend_table()["rows"]]
+    full = run_report(day, spark=spark, trigger="beat")  # the nightly run: replaces it
+    assert full is not None and not full.partial and full.events == 4
+    assert len(report_tables(full)["hourly"]["rows"]) == 24
+    assert trend_table()["rows"][-1][:2] == [day.isoformat(), 4]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stale_running_claim_is_taken_over_and_the_old_run_stores_nothing(settings) -> None:
+    settings.SMQP_REPORT_STALE_SECONDS = 60
+    day = date(2026, 4, 2)
+    old = claim(day, trigger="t", master="m")
+    assert old is not None
+    assert claim(day, trigger="t", master="m") is None  # alive: left alone
+    UsageReport.objects.filter(pk=old.pk).update(
+        heartbeat=timezone.now() - timedelta(seconds=61))
+    told: list[str] = []
+    new = claim(day, trigger="t", master="m", progress=told.append)
+    assert new is not None and new.token != old.token
+    assert told and told[0].startswith(f"taking over the run of {day} by ")
+    with pytest.raises(TakenOver):  # the old run, if it was only slow, finds out
+        runner._store(old, {"usage": [], "latency": [], "top": [], "dead": [], "events": 1,
+                            "sessions": {"hours": [0] * 24}, "subscribers": {"hours": [0] * 24}},
+                      24)
+    assert UsageReport.objects.get(day=day).token == new.token
 
 
 @pytest.mark.django_db(transaction=True)

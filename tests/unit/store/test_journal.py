@@ -11,7 +11,7 @@ import pytest
 from broker.store import journal
 from broker.store.journal import RECORD, AckJournal, recover
 
-RECORDS = [(7, 100 + i, 1 + i % 3, i % 2 == 0) for i in range(50)]
+RECORDS = [(7, 100 + i, 1 + i % 3, i % 2 == 0, journal.DOORS[i % 3]) for i in range(50)]
 
 
 def files(folder) -> list[str]:
