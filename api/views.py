@@ -161,7 +161,7 @@ class TokensView(APIView):
         failed SMQP logins are."""
         data = valid(s.TokenRequestSerializer, request.data)
         peer = peer_of(request)
-        throttle = auth_service.throttle_for(peer)
+        throttle = auth_service.count_attempt(peer, data["username"])
         if throttle.refused:
             raise Throttled()
         account = auth_service.check_clear_password(data["username"], data["password"])
@@ -170,7 +170,7 @@ class TokensView(APIView):
             if throttle.delay > 0:
                 raise Throttled(wait=int(throttle.delay + 0.999))
             return problem(401, "Unauthorized (wrong account name or password)", 530)
-        auth_service.record_success(peer)
+        auth_service.record_success(peer, account.username)
         token, text = create_token(account, data["name"], data.get("days"))
         return Response({**token_data(token), "token": text}, status=status.HTTP_201_CREATED)
 

@@ -328,6 +328,10 @@ SMQP_SHUTDOWN_GRACE = env_int("SMQP_SHUTDOWN_GRACE", 5)
 SMQP_LOGIN_FAILURES_BEFORE_DELAY = env_int("SMQP_LOGIN_FAILURES_BEFORE_DELAY", 3)
 SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT = env_int("SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT", 10)
 SMQP_LOGIN_LOCKOUT_SECONDS = env_int("SMQP_LOGIN_LOCKOUT_SECONDS", 300)
+# Failed logins for one account from all addresses together before it is refused for a while
+# (guessing spread over many addresses); per address the lockout threshold above applies.
+SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_LOCKOUT = env_int(
+    "SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_LOCKOUT", 100)
 
 # Queue parameter defaults at the root of the topic tree (None: unlimited).
 SMQP_QUEUE_DEFAULTS = {

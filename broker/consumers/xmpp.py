@@ -316,19 +316,24 @@ class XMPPConsumer(AsyncConsumer):
             await dbthread.run(auth_service.record_failure, self.peer_host, username)
         await self._write(s.sasl_failure(condition))
 
+    async def _refused(self, username: str) -> float | None:
+        """Count this attempt (before any password check): None if it is refused (the
+        failure is sent), else the delay to wait first."""
+        throttle = await dbthread.run(auth_service.count_attempt, self.peer_host, username)
+        if not throttle.refused:
+            return throttle.delay
+        self._reset_auth()
+        await self._write(s.sasl_failure("temporary-auth-failure",
+                                         "too many failed logins; try again later"))
+        return None
+
     async def _auth_start(self, event: xs.AuthStart) -> None:
-        throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
-        if throttle.refused:
-            self._reset_auth()
-            await self._write(s.sasl_failure("temporary-auth-failure",
-                                             "too many failed logins; try again later"))
-            return
         if event.mechanism == "PLAIN":
             if event.initial is None:
                 self.plain_pending = True
                 await self._write(s.sasl_challenge(b""))
                 return
-            await self._plain(event.initial, throttle.delay)
+            await self._plain(event.initial)
             return
         self.scram = auth_service.scram_server(None)
         if event.initial is None:
@@ -339,15 +344,14 @@ class XMPPConsumer(AsyncConsumer):
     async def _auth_response(self, data: bytes) -> None:
         if self.plain_pending:
             self.plain_pending = False
-            throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
-            await self._plain(data, throttle.delay)
+            await self._plain(data)
         elif self.scram is not None:
             await self._scram_step(data)
         else:
             self._reset_auth()
             await self._write(s.sasl_failure("aborted"))
 
-    async def _plain(self, data: bytes, delay: float) -> None:
+    async def _plain(self, data: bytes) -> None:
         parts = data.split(b"\0")
         if len(parts) != 3:
             await self._auth_failed("", "malformed-request", record=False)
@@ -360,6 +364,9 @@ class XMPPConsumer(AsyncConsumer):
         if authzid and authzid.casefold() not in (username.casefold(),
                                                   f"{username}@{self.domain}".casefold()):
             await self._auth_failed(username, "invalid-authzid")
+            return
+        delay = await self._refused(username)
+        if delay is None:
             return
         if delay:
             await asyncio.sleep(delay)
@@ -374,10 +381,15 @@ class XMPPConsumer(AsyncConsumer):
     async def _scram_step(self, data: bytes) -> None:
         exchange = self.scram
         assert exchange is not None
+        first = exchange.username is None
         try:
             answer = await database_sync_to_async(exchange.step, thread_sensitive=False)(data)
         except ScramError:
             await self._auth_failed(exchange.username or "")
+            return
+        # The client-first names the account; the password is proved in the next step.
+        if first and exchange.username is not None and await self._refused(
+                exchange.username) is None:
             return
         if not exchange.authenticated:
             await self._write(s.sasl_challenge(answer))
@@ -392,7 +404,7 @@ class XMPPConsumer(AsyncConsumer):
         self.scram = None
         self.authenticated = account
         self._method = method
-        await dbthread.run(auth_service.record_success, self.peer_host)
+        await dbthread.run(auth_service.record_success, self.peer_host, account.username)
         self.stream.authenticated()
         await self._write(s.sasl_success(final))
 
