@@ -377,6 +377,8 @@ SMQP_METRICS_ALLOW = os.environ.get("SMQP_METRICS_ALLOW", "")
 # beyond either, so that no selector can exhaust the server.
 SMQP_SELECTOR_MAX_LENGTH = env_int("SMQP_SELECTOR_MAX_LENGTH", 1024)
 SMQP_SELECTOR_MAX_DEPTH = env_int("SMQP_SELECTOR_MAX_DEPTH", 64)
+# Selectors read at most this many characters of each header value (README: Selectors).
+SMQP_SELECTOR_MAX_VALUE_CHARS = env_int("SMQP_SELECTOR_MAX_VALUE_CHARS", 4096)
 # How often leases are ended and subscriptions whose subscribe right was revoked are
 # cancelled (each listener's dispatcher, and the Celery beat): the NOTIFY SUBSCRIPTION of a
 # lease end comes at most this late (delivery stops at the lease end itself).
