@@ -600,6 +600,8 @@ class XMPPConsumer(AsyncConsumer):
             raise s.IqFault("item-not-found", text="wildcards are not node ids")
         if cmd.item_id is not None and len(cmd.item_id) > 180:
             raise s.IqFault("not-acceptable", text="item id too long")
+        if cmd.item_id is not None:
+            await self._as_account(pubsub_service.check_replace, cmd.node, cmd.item_id)
         request = publish.PublishRequest(
             account_id=self.account_id, guid=self.session.guid, kind="MESSAGE",
             topic=cmd.node, cmuid=pubsub_service.new_cmuid(cmd.item_id),
@@ -628,8 +630,8 @@ class XMPPConsumer(AsyncConsumer):
         item_id = cmd.item_id or str(published.smuid)
         if cmd.item_id is not None:
             try:
-                await dbthread.run(pubsub_service.replace_older, published.topic_path,
-                                   cmd.item_id, published.smuid, self.account.username)
+                await self._as_account(pubsub_service.replace_older, published.topic_path,
+                                       cmd.item_id, published.smuid)
             except Exception:  # the new item is stored; the older one stays
                 logger.exception("replacing item %s failed", cmd.item_id)
         await self._write(s.iq_result(iq.id, sender, self.jid,
