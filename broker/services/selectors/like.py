@@ -54,8 +54,15 @@ def _literal(ch: str) -> str:
 
 
 def _regex(toks: list[object]) -> str:
-    return "".join(".*" if t is ANY_SEQ else "." if t is ANY_ONE else _literal(t)  # type: ignore[arg-type]
-                   for t in toks)
+    parts = []
+    for t in toks:
+        if t is ANY_SEQ:
+            parts.append(".*")
+        elif t is ANY_ONE:
+            parts.append(".")
+        else:
+            parts.append(_literal(t))  # type: ignore[arg-type]
+    return "".join(parts)
 
 
 def _utf8_safe(text: str) -> str:

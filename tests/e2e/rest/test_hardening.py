@@ -1,11 +1,13 @@
-"""Issue 34 at the REST door (real Daphne over HTTP, SQLite and PostgreSQL): a virtual link
-needs the subscribe right on its destination (item 5), and a hidden topic answers topic
-creation and republish exactly as a missing one (7)."""
+"""Issue 34 at the REST door (real Daphne over HTTP, SQLite and PostgreSQL): password guesses
+are counted per (address, account), another account's good login resetting nothing (item 3);
+a virtual link needs the subscribe right on its destination (5); a hidden topic answers
+topic creation and republish exactly as a missing one (7)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.support.api_stack import ApiStack, api_stack
@@ -35,8 +37,9 @@ tree.changed()
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def stack(request, tmp_path_factory) -> Iterator[ApiStack]:
+    # No delays before the lockout: only the count is looked at here.
     with api_stack(request.param, tmp_path_factory.mktemp(f"hard-{request.param}"),
-                   SETUP) as s:
+                   SETUP, extra_env={"SMQP_LOGIN_FAILURES_BEFORE_DELAY": "1000"}) as s:
         yield s
 
 
@@ -75,3 +78,18 @@ def test_republish_of_a_message_on_a_hidden_topic_answers_as_a_missing_message(s
         hidden = answer(bob.post(f"messages/{smuid}/republish"))
         missing = answer(bob.post(f"messages/{smuid + 1000}/republish"))
         assert hidden == missing and hidden[0] == 404
+
+
+def test_token_guesses_are_not_reset_by_anothers_good_login(stack):
+    """Two wrong passwords for alice, then a token for bob with his right one, six times:
+    alice's guesses stop at the limit (10); the eleventh and twelfth are 429."""
+    codes = []
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=60) as anon:
+        for _ in range(6):
+            for _ in range(2):
+                codes.append(anon.post("auth/tokens", json={
+                    "username": "alice", "password": "wrong", "name": "t"}).status_code)
+            made = anon.post("auth/tokens", json={"username": "bob", "password": "pw",
+                                                  "name": "t"})
+            assert made.status_code == 201, made.text
+    assert codes == [401] * 10 + [429] * 2
