@@ -38,17 +38,15 @@ class BearerAuthentication(BaseAuthentication):
         except UnicodeDecodeError:
             text = ""
         peer = peer_of(request)
-        throttle = auth_service.throttle_for(peer)
+        throttle = auth_service.token_throttle(peer)
         if throttle.refused:
             raise Throttled(wait=None)
         token = check_token(text)
         if token is None:
-            auth_service.record_failure(peer, f"token {text[:21]}")
+            auth_service.record_token_failure(peer, text[:21])
             if throttle.delay > 0:
                 raise Throttled(wait=math.ceil(throttle.delay))
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
-        if throttle.delay > 0 or throttle.refused:
-            auth_service.record_success(peer)
         return token.account, token
 
     def authenticate_header(self, request: Request) -> str:

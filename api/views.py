@@ -26,7 +26,7 @@ from accounts.models import Account
 from broker.domain import message as codec
 from broker.domain.errors import ProtocolError
 from broker.domain.values import SmuidSet, parse_topic_pattern, validate_topic
-from broker.models import Link, Message, Subscription, selector_key
+from broker.models import Link, Subscription, selector_key
 from broker.services import accounts as account_service
 from broker.services import auth as auth_service
 from broker.services import federation, not_found, notify, operations, ual_entries
@@ -179,7 +179,7 @@ class TokensView(APIView):
         failed SMQP logins are."""
         data = valid(s.TokenRequestSerializer, request.data)
         peer = peer_of(request)
-        throttle = auth_service.throttle_for(peer)
+        throttle = auth_service.count_attempt(peer, data["username"])
         if throttle.refused:
             raise Throttled()
         account = auth_service.check_clear_password(data["username"], data["password"])
@@ -188,7 +188,7 @@ class TokensView(APIView):
             if throttle.delay > 0:
                 raise Throttled(wait=int(throttle.delay + 0.999))
             return problem(401, "Unauthorized (wrong account name or password)", 530)
-        auth_service.record_success(peer)
+        auth_service.record_success(peer, account.username)
         token, text = create_token(account, data["name"], data.get("days"))
         return Response({**token_data(token), "token": text}, status=status.HTTP_201_CREATED)
 
@@ -386,11 +386,7 @@ class RepublishView(APIView):
     @extend_schema(request=None, responses={201: s.PublishedSerializer})
     def post(self, request: Request, smuid: int) -> Response:
         """REPUBLISH MESSAGE from its topic's Trash."""
-        path = Message.objects.filter(pk=smuid).values_list(
-            "topic__path", flat=True).first()
-        if path is None:
-            raise not_found("message")
-        published = publish_service.republish(snapshot(request), path, smuid)
+        published = publish_service.republish_message(snapshot(request), smuid)
         notify.messages_committed([published])
         return Response({"smuid": published.smuid, "topic": published.topic_path,
                          "cmuid": ""}, status=status.HTTP_201_CREATED)

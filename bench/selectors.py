@@ -12,6 +12,13 @@ half LDAP, each text different), so that every message is shown to ``k`` selecto
 delivered once. A publisher pipelines ``--messages`` publishes in windows of ``--window``; the
 subscriber ACKs each NOTIFY. The figure is messages delivered (and ACKed) per second, from
 the first publish to the last ACK (after an unmeasured warm-up; ``--rounds`` runs of each).
+
+``--worst`` (issue 34 item 2) measures instead the worst selector cost we could construct:
+five ``X_A LIKE '%aaa…(990 a)b'`` selectors and a message whose ``X-A`` is 4,000 ``a``. Part 1:
+CPU per message to evaluate the five, in this process. Part 2: on an isolated broker where
+five accounts hold those selectors on ``/bench``, the time a publish to another topic takes
+when sent right after such a message, against the same publish with no such message before it
+(the peer figure of the same run).
 """
 
 from __future__ import annotations
@@ -139,7 +146,114 @@ async def _deliver(broker: Any, messages: int, window: int) -> float:
     return elapsed
 
 
+HOSTILE_PATTERN = "%" + "a" * 990 + "b"
+HOSTILE_TEXT = "a" * 4000
+HOSTILE = """
+from accounts.models import Account
+from broker.models import Subscription, selector_key
+from topics.models import Topic
+from ual.models import UALEntry
+Topic.objects.get_or_create(path='/benchother')
+UALEntry.objects.get_or_create(topic=Topic.objects.get(path='/bench'), principal_kind='everyone',
+                               right='subscribe')
+for i in range(5):
+    a, _ = Account.objects.get_or_create(username=f'hostile{i}', username_key=f'hostile{i}')
+    text = PATTERN_SELECTOR + f' AND X_I >= {i}'
+    Subscription.objects.get_or_create(account=a, resource='MESSAGE', pattern='/bench',
+                                       pattern_key='/bench', selector_class='JMS',
+                                       selector=text, selector_key=selector_key('JMS', text))
+""".replace("PATTERN_SELECTOR", repr(f"X_A LIKE '{HOSTILE_PATTERN}'"))
+
+
+def _worst_evaluation(rounds: int) -> list[float]:
+    """CPU seconds to show one hostile message to the five hostile selectors, per round."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+    import django
+
+    django.setup()
+    from broker.services.selectors import compile_selector, message_view
+
+    selectors = [compile_selector("JMS", f"X_A LIKE '{HOSTILE_PATTERN}' AND X_I >= {i}")
+                 for i in range(5)]
+    view = message_view(topic="/bench", headers=[("X-A", HOSTILE_TEXT), ("X-I", "9")])
+    out = []
+    for _ in range(rounds):
+        started = time.process_time()
+        for selector in selectors:
+            selector.matches(view)
+        out.append(time.process_time() - started)
+    return out
+
+
+async def _unrelated_publish(broker: Any, rounds: int) -> list[tuple[float, float, float]]:
+    """(seconds of a publish to /benchother alone, the same right after a hostile publish
+    to /bench, the hostile publish itself), per round."""
+    hostile = await SMQPClient.connect(broker.host, broker.port)
+    other = await SMQPClient.connect(broker.host, broker.port)
+    await hostile.login("root", "pw")
+    await other.login("root", "pw")
+
+    async def timed(cmuid: str) -> float:
+        started = time.perf_counter()
+        other.writer.write(b"PUB MESSAGE /benchother %s\r\n\r\n"
+                           b"Content-Type: text/plain\r\nContent-Length: 1\r\n\r\nx\r\n.\r\n"
+                           % cmuid.encode())
+        await other.drain()
+        reply = await other.read_reply()
+        if not reply.ok:
+            raise RuntimeError(f"publish refused: {reply.lines}")
+        return time.perf_counter() - started
+
+    out = []
+    for r in range(rounds):
+        alone = await timed(f"alone{r}")
+        started = time.perf_counter()
+        hostile.writer.write(
+            b"PUB MESSAGE /bench h%d\r\nX-A: %s\r\nX-I: 9\r\n\r\n"
+            b"Content-Type: text/plain\r\nContent-Length: 1\r\n\r\nx\r\n.\r\n"
+            % (r, HOSTILE_TEXT.encode()))
+        await hostile.drain()
+        await asyncio.sleep(0.05)  # the hostile publish reaches the listener first
+        after = await timed(f"after{r}")
+        await hostile.read_reply()
+        out.append((alone, after, time.perf_counter() - started))
+    await hostile.quit()
+    await other.quit()
+    return out
+
+
+def _spread(values: list[float]) -> str:
+    ordered = sorted(values)
+    mid = ordered[len(ordered) // 2]
+    return f"median {mid * 1000:.1f} ms (min {ordered[0] * 1000:.1f}, max {ordered[-1] * 1000:.1f})"
+
+
+def worst(args: argparse.Namespace) -> int:
+    cpu = _worst_evaluation(args.rounds)
+    print(f"five hostile LIKE selectors x one 4,000-char X-A, CPU per message: {_spread(cpu)}")
+    sys.stdout.flush()
+    backends = ("sqlite", "postgres") if args.db == "both" else (args.db,)
+    check_services(backends)
+    runs = []
+    for backend in backends:
+        with isolated_broker(backend, setup=lambda b: (b.run_python(SETUP),
+                                                       b.run_python(HOSTILE))) as broker:
+            triples = asyncio.run(_unrelated_publish(broker, args.rounds))
+            alone, after, own = ([t[i] for t in triples] for i in range(3))
+            print(f"{backend:8} unrelated publish alone: {_spread(alone)}")
+            print(f"{backend:8} right after a hostile one: {_spread(after)}")
+            print(f"{backend:8} the hostile publish itself: {_spread(own)}")
+            runs.append({"backend": backend, "alone_seconds": alone, "after_seconds": after,
+                         "hostile_seconds": own})
+    record = {"benchmark": "selectors-worst", "when": timestamp(),
+              "environment": environment_info(), "cpu_seconds": cpu, "runs": runs}
+    print(f"results: {write_results('selectors', record)}")
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--worst", action="store_true",
+                        help="the worst-case LIKE selector figures instead (see above)")
     parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="postgres")
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--window", type=int, default=100, help="publishes per pipeline window")
@@ -152,6 +266,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.worst:
+        return worst(args)
     evals = _evaluations(args.evaluations)
     print(format_table(["selector", "evaluations/s (one core)"],
                        [(e["selector"], f"{e['per_second']:,.0f}") for e in evals]))

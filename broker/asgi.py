@@ -12,7 +12,10 @@ from django.urls import path  # noqa: E402
 
 from broker.consumers.qqp import QQPConsumer  # noqa: E402
 from broker.consumers.smqp import SMQPConsumer  # noqa: E402
+from broker.consumers.ws_frames import install as install_ws_frames  # noqa: E402
 from broker.consumers.xmpp import XMPPConsumer  # noqa: E402
+
+install_ws_frames()  # an oversize XMPP frame gets a stream error, not a TCP drop
 
 application = ProtocolTypeRouter(
     {

@@ -347,6 +347,10 @@ SMQP_SHUTDOWN_GRACE = env_int("SMQP_SHUTDOWN_GRACE", 5)
 SMQP_LOGIN_FAILURES_BEFORE_DELAY = env_int("SMQP_LOGIN_FAILURES_BEFORE_DELAY", 3)
 SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT = env_int("SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT", 10)
 SMQP_LOGIN_LOCKOUT_SECONDS = env_int("SMQP_LOGIN_LOCKOUT_SECONDS", 300)
+# Failed logins for one account from all addresses together before it is refused for a while
+# (guessing spread over many addresses); per address the lockout threshold above applies.
+SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_LOCKOUT = env_int(
+    "SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_LOCKOUT", 100)
 
 # Queue parameter defaults at the root of the topic tree (None: unlimited).
 SMQP_QUEUE_DEFAULTS = {
@@ -392,6 +396,8 @@ SMQP_METRICS_ALLOW = os.environ.get("SMQP_METRICS_ALLOW", "")
 # beyond either, so that no selector can exhaust the server.
 SMQP_SELECTOR_MAX_LENGTH = env_int("SMQP_SELECTOR_MAX_LENGTH", 1024)
 SMQP_SELECTOR_MAX_DEPTH = env_int("SMQP_SELECTOR_MAX_DEPTH", 64)
+# Selectors read at most this many characters of each header value (README: Selectors).
+SMQP_SELECTOR_MAX_VALUE_CHARS = env_int("SMQP_SELECTOR_MAX_VALUE_CHARS", 4096)
 # How often leases are ended and subscriptions whose subscribe right was revoked are
 # cancelled (each listener's dispatcher, and the Celery beat): the NOTIFY SUBSCRIPTION of a
 # lease end comes at most this late (delivery stops at the lease end itself).

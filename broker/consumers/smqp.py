@@ -431,11 +431,12 @@ class SMQPConsumer(AsyncConsumer):
             self.reply(400, "Bad request (no authentication exchange in progress)")
             return
         username, method = self.pending_login
-        throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
-        if throttle.refused:
-            self.pending_login = None
-            self.reply(401, "Unauthorized (too many failed logins; try again later)")
-            return
+        if exchange.username is None:  # its first line: one attempt per exchange
+            throttle = await dbthread.run(auth_service.count_attempt, self.peer_host, username)
+            if throttle.refused:
+                self.pending_login = None
+                self.reply(401, "Unauthorized (too many failed logins; try again later)")
+                return
         try:
             data = base64.b64decode(cmd.text.strip(), validate=True)
             answer = await database_sync_to_async(exchange.step, thread_sensitive=False)(data)
@@ -456,6 +457,7 @@ class SMQPConsumer(AsyncConsumer):
         if self.password_change_scram:
             # Old password proved: the next line is the new one (s=..,i=..,p=..).
             self.password_change_scram = False
+            await dbthread.run(auth_service.record_success, self.peer_host, username)
             self.new_verifier_pending = True
             self.codec.expect_raw_line()
             return
@@ -489,7 +491,7 @@ class SMQPConsumer(AsyncConsumer):
             return
         self.pending_login = None
         await self.flush()
-        throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
+        throttle = await dbthread.run(auth_service.count_attempt, self.peer_host, username)
         if throttle.refused:
             self.reply(401, "Unauthorized (too many failed logins; try again later)")
             return
@@ -537,7 +539,7 @@ class SMQPConsumer(AsyncConsumer):
         # made or removed by another process), not only after this process's next poll of
         # the shared generations (SMQP_CACHE_POLL_SECONDS): they are read now.
         freshness.caches_were_stale()
-        auth_service.record_success(self.peer_host)
+        auth_service.record_success(self.peer_host, account.username)
         return auth_service.begin_session(account, peer=self.peer, method=method)
 
     # ------------------------------------------------------------------------ session commands

@@ -365,19 +365,24 @@ class XMPPConsumer(AsyncConsumer):
             await dbthread.run(auth_service.record_failure, self.peer_host, username)
         await self._write(s.sasl_failure(condition))
 
+    async def _refused(self, username: str) -> float | None:
+        """Count this attempt (before any password check): None if it is refused (the
+        failure is sent), else the delay to wait first."""
+        throttle = await dbthread.run(auth_service.count_attempt, self.peer_host, username)
+        if not throttle.refused:
+            return throttle.delay
+        self._reset_auth()
+        await self._write(s.sasl_failure("temporary-auth-failure",
+                                         "too many failed logins; try again later"))
+        return None
+
     async def _auth_start(self, event: xs.AuthStart) -> None:
-        throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
-        if throttle.refused:
-            self._reset_auth()
-            await self._write(s.sasl_failure("temporary-auth-failure",
-                                             "too many failed logins; try again later"))
-            return
         if event.mechanism == "PLAIN":
             if event.initial is None:
                 self.plain_pending = True
                 await self._write(s.sasl_challenge(b""))
                 return
-            await self._plain(event.initial, throttle.delay)
+            await self._plain(event.initial)
             return
         self.scram = auth_service.scram_server(None)
         if event.initial is None:
@@ -388,15 +393,14 @@ class XMPPConsumer(AsyncConsumer):
     async def _auth_response(self, data: bytes) -> None:
         if self.plain_pending:
             self.plain_pending = False
-            throttle = await dbthread.run(auth_service.throttle_for, self.peer_host)
-            await self._plain(data, throttle.delay)
+            await self._plain(data)
         elif self.scram is not None:
             await self._scram_step(data)
         else:
             self._reset_auth()
             await self._write(s.sasl_failure("aborted"))
 
-    async def _plain(self, data: bytes, delay: float) -> None:
+    async def _plain(self, data: bytes) -> None:
         parts = data.split(b"\0")
         if len(parts) != 3:
             await self._auth_failed("", "malformed-request", record=False)
@@ -409,6 +413,9 @@ class XMPPConsumer(AsyncConsumer):
         if authzid and authzid.casefold() not in (username.casefold(),
                                                   f"{username}@{self.domain}".casefold()):
             await self._auth_failed(username, "invalid-authzid")
+            return
+        delay = await self._refused(username)
+        if delay is None:
             return
         if delay:
             await asyncio.sleep(delay)
@@ -423,10 +430,15 @@ class XMPPConsumer(AsyncConsumer):
     async def _scram_step(self, data: bytes) -> None:
         exchange = self.scram
         assert exchange is not None
+        first = exchange.username is None
         try:
             answer = await database_sync_to_async(exchange.step, thread_sensitive=False)(data)
         except ScramError:
             await self._auth_failed(exchange.username or "")
+            return
+        # The client-first names the account; the password is proved in the next step.
+        if first and exchange.username is not None and await self._refused(
+                exchange.username) is None:
             return
         if not exchange.authenticated:
             await self._write(s.sasl_challenge(answer))
@@ -441,7 +453,7 @@ class XMPPConsumer(AsyncConsumer):
         self.scram = None
         self.authenticated = account
         self._method = method
-        await dbthread.run(auth_service.record_success, self.peer_host)
+        await dbthread.run(auth_service.record_success, self.peer_host, account.username)
         self.stream.authenticated()
         await self._write(s.sasl_success(final))
 
@@ -640,6 +652,8 @@ class XMPPConsumer(AsyncConsumer):
             raise s.IqFault("item-not-found", text="wildcards are not node ids")
         if cmd.item_id is not None and len(cmd.item_id) > 180:
             raise s.IqFault("not-acceptable", text="item id too long")
+        if cmd.item_id is not None:
+            await self._as_account(pubsub_service.check_replace, cmd.node, cmd.item_id)
         request = publish.PublishRequest(
             account_id=self.account_id, guid=self.session.guid, kind="MESSAGE",
             topic=cmd.node, cmuid=pubsub_service.new_cmuid(cmd.item_id),
@@ -668,8 +682,8 @@ class XMPPConsumer(AsyncConsumer):
         item_id = cmd.item_id or str(published.smuid)
         if cmd.item_id is not None:
             try:
-                await dbthread.run(pubsub_service.replace_older, published.topic_path,
-                                   cmd.item_id, published.smuid, self.account.username)
+                await self._as_account(pubsub_service.replace_older, published.topic_path,
+                                       cmd.item_id, published.smuid)
             except Exception:  # the new item is stored; the older one stays
                 logger.exception("replacing item %s failed", cmd.item_id)
         await self._write(s.iq_result(iq.id, sender, self.jid,

@@ -1,9 +1,10 @@
 """Login: password checks, logged-in sessions, and the throttling of repeated failures.
 
 Profile §5: LOGIN never tells whether an account exists; PASS answers 401 alike for an unknown
-account and a wrong password. Failures are counted per peer address (in the shared cache, so
-every listener process sees them): past a first threshold each further attempt is slowed down,
-past a second one the address is refused for a while.
+account and a wrong password. Attempts are counted per (peer address, account) and per account (in
+the shared cache, so every process and door sees them), before the password is checked: past a
+first threshold each further attempt is slowed down, past a second one it is refused for a
+while; a good login clears only its own account's counts.
 """
 
 from __future__ import annotations
@@ -121,40 +122,83 @@ class Throttle:
     delay: float
 
 
-def _failure_key(peer_host: str) -> str:
-    return f"login-failures:{peer_host}"
+# Bearer tokens name no account: guesses of them from one address share this pseudo-account.
+TOKEN_GUESSES = "(token)"
 
 
-def throttle_for(peer_host: str) -> Throttle:
-    """How this address must be treated before its next password check."""
-    failures = cache.get(_failure_key(peer_host), 0)
-    if failures >= settings.SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT:
+def _pair_key(peer_host: str, username: str) -> str:
+    return f"login-failures:{peer_host}:{username.casefold()}"
+
+
+def _account_key(username: str) -> str:
+    return f"login-failures-account:{username.casefold()}"
+
+
+def _count(key: str) -> int:
+    """Add one to ``key`` atomically (a Redis INCR, shared by every process), keeping it for
+    the lockout period from this attempt on; its new value."""
+    timeout = settings.SMQP_LOGIN_LOCKOUT_SECONDS
+    if cache.add(key, 1, timeout):
+        return 1
+    try:
+        count = cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.set(key, 1, timeout)
+        return 1
+    cache.touch(key, timeout)
+    return count
+
+
+def _throttle(pair_failures: int, account_failures: int) -> Throttle:
+    """How to treat an attempt preceded by these failure counts."""
+    if (pair_failures >= settings.SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT
+            or account_failures >= settings.SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_LOCKOUT):
         return Throttle(refused=True, delay=0.0)
-    excess = failures - settings.SMQP_LOGIN_FAILURES_BEFORE_DELAY
+    excess = pair_failures - settings.SMQP_LOGIN_FAILURES_BEFORE_DELAY
     if excess >= 0:
         return Throttle(refused=False, delay=min(0.5 * 2**excess, 8.0))
     return Throttle(refused=False, delay=0.0)
 
 
+def count_attempt(peer_host: str, username: str) -> Throttle:
+    """Count a login attempt for ``username`` from ``peer_host`` *before* its password is
+    checked, and say how to treat it. Counting first (an atomic increment) means parallel
+    attempts cannot all read the same old count: the eleventh of sixteen simultaneous guesses
+    is refused. An attempt is a failure until :func:`record_success` clears it.
+
+    Two counts: per (address, account), which slows down and then refuses one guesser; and
+    per account from every address (a higher limit, ``SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_
+    LOCKOUT``), which bounds guessing spread over many addresses."""
+    pair = _count(_pair_key(peer_host, username))
+    account = _count(_account_key(username))
+    return _throttle(pair - 1, account - 1)
+
+
+def token_throttle(peer_host: str) -> Throttle:
+    """How to treat a bearer token from ``peer_host`` (read only: checking a token is a
+    lookup, not a password hash, and every API request carries one)."""
+    failures = cache.get(_pair_key(peer_host, TOKEN_GUESSES), 0)
+    return _throttle(failures, 0)
+
+
+def record_token_failure(peer_host: str, token_prefix: str) -> None:
+    failures = _count(_pair_key(peer_host, TOKEN_GUESSES))
+    events.record("login_failed", account=f"token {token_prefix}"[:64], peer=peer_host,
+                  failures=failures)
+
+
 def record_failure(peer_host: str, username: str) -> None:
-    key = _failure_key(peer_host)
-    timeout = settings.SMQP_LOGIN_LOCKOUT_SECONDS
-    if cache.add(key, 1, timeout):
-        failures = 1
-    else:
-        try:
-            failures = cache.incr(key)
-        except ValueError:  # expired between add and incr
-            cache.set(key, 1, timeout)
-            failures = 1
-        cache.touch(key, timeout)
+    """A failed attempt (already counted by :func:`count_attempt`): the audit event."""
+    failures = cache.get(_pair_key(peer_host, username), 0)
     events.record(
         "login_failed", account=username[:64], peer=peer_host, failures=failures
     )
 
 
-def record_success(peer_host: str) -> None:
-    cache.delete(_failure_key(peer_host))
+def record_success(peer_host: str, username: str) -> None:
+    """A good login clears its own account's counts and nobody else's (another account's
+    good login from the same address does not give a guesser more tries)."""
+    cache.delete_many([_pair_key(peer_host, username), _account_key(username)])
 
 
 # --- sessions -------------------------------------------------------------------------------

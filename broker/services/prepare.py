@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
+
 from broker.domain import message as codec
 from broker.domain.values import (
     format_datetime,
@@ -120,8 +122,13 @@ def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic,
     if not smuid_hdr:
         raise ServiceError(400, "Bad request (PUB REPLY needs the Smuid of the original)")
     number = parse_reply_smuid(smuid_hdr)
-    original = (Message.objects.filter(pk=number, topic_id=found.resolved().pk)
-                .exclude(state=Message.State.DELETED).select_related("publisher").first())
+    # ``other.server/23`` is that server's message 23, never ours: as a missing original.
+    # The host is a domain name (and its context path), compared without case.
+    host = smuid_hdr.strip().rpartition("/")[0]
+    original = None
+    if not host or host.casefold() == settings.SMQP_SERVER_CONTEXT.casefold():
+        original = (Message.objects.filter(pk=number, topic_id=found.resolved().pk)
+                    .exclude(state=Message.State.DELETED).select_related("publisher").first())
     # An original the replier could not receive is not told apart from a missing one.
     if original is None or not snapshot.allows(found, Right.SUBSCRIBE):
         raise not_found("original message")

@@ -28,7 +28,7 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, snapshot_for_id
 
-from . import ServiceError, notify, unauthorized
+from . import ServiceError, not_found, notify, unauthorized
 from . import topics as topic_service
 from .deliveries import (
     NO_PRIORITY,
@@ -255,6 +255,18 @@ def _apply_queue_limits(prepared: list[Prepared], results: list) -> list[Prepare
                 kept.append(item)
     kept.sort(key=lambda item: item[0])  # keep publish order (smuids grow in arrival order)
     return kept
+
+
+@answer_from_fresh_caches
+def republish_message(snapshot: AccessSnapshot, smuid: int) -> Published:
+    """:func:`republish` of the message ``smuid`` wherever it is (the REST door names no
+    topic): a message on a topic the account may not see is as missing as one that never
+    was (404 message, not 404 topic)."""
+    path = Message.objects.filter(pk=smuid).values_list("topic__path", flat=True).first()
+    found = topic_service.node(path) if path is not None else None
+    if found is None or not snapshot.can_see(found):
+        raise not_found("message")
+    return republish(snapshot, path, smuid)
 
 
 @answer_from_fresh_caches

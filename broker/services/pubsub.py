@@ -316,18 +316,47 @@ def retracted_event(topic_path: str, item_ids: list[str]) -> dict:
             "ids": list(item_ids)}
 
 
-def replace_older(topic_path: str, item_id: str, smuid: int, account_name: str) -> None:
+def _others_items(snapshot: AccessSnapshot, topic: Topic | Node,
+                  older: QuerySet[Message]) -> QuerySet[Message]:
+    """Of ``older`` (pending items of the node), those the account may not retract: another
+    publisher's, unless it holds the manage right (as :func:`retract` asks)."""
+    if snapshot.allows(topic, Right.MANAGE):
+        return older.none()
+    return older.exclude(publisher_id=snapshot.account.pk)
+
+
+@answer_from_fresh_caches
+def check_replace(snapshot: AccessSnapshot, path: str, item_id: str) -> None:
+    """Before publishing ``item_id`` again: replacing an item needs what retracting it
+    needs (its publisher, or the manage right), else 401 (``forbidden``). A node the
+    account may not see is left to the publish itself to refuse, as for a missing one."""
+    topic = topic_service.node(path)
+    if topic is None or not snapshot.can_see(topic):
+        return
+    real = topic.resolved()
+    older = _pending(real).filter(cmuid=ITEM_PREFIX + item_id)
+    if _others_items(snapshot, topic, older).exists():
+        raise unauthorized(f"item {item_id[:80]} is another publisher's; only the manage "
+                           f"right replaces it on {topic.path}")
+
+
+def replace_older(snapshot: AccessSnapshot, topic_path: str, item_id: str,
+                  smuid: int) -> None:
     """An item published again under its id replaces the one before (profile §3): the
-    older pending messages with that id go into Trash once the new one is stored."""
+    older pending messages with that id go into Trash once the new one is stored, those the
+    account may retract only (:func:`check_replace` refused the publish when there were
+    others'; one published meanwhile by another account stays)."""
     topic = topic_service.node(topic_path)
     if topic is None:
         return
     real = topic.resolved()
     with transaction.atomic():
-        older = list(Message.objects.select_for_update().filter(
+        rows = Message.objects.select_for_update().filter(
             topic_id=real.pk, state=Message.State.PENDING, cmuid=ITEM_PREFIX + item_id,
-            pk__lt=smuid).values_list("pk", flat=True))
-        trash_messages(account_name, real.path, older)
+            pk__lt=smuid)
+        others = set(_others_items(snapshot, topic, rows).values_list("pk", flat=True))
+        older = [pk for pk in rows.values_list("pk", flat=True) if pk not in others]
+        trash_messages(snapshot.account.username, real.path, older)
 
 
 # ------------------------------------------------------------------ queue items

@@ -192,8 +192,8 @@ def _parent_for(snapshot: AccessSnapshot, path: str) -> Topic | None:
     if parent_path is None:
         return None
     parent = find(parent_path)
-    if parent is None or parent.state != Topic.State.ACTIVE:
-        raise not_found("parent topic")
+    if parent is None or parent.state != Topic.State.ACTIVE or not snapshot.can_see(parent):
+        raise not_found("parent topic")  # a hidden parent answers as a missing one
     if parent.is_virtual:
         raise not_allowed("a virtual topic has no children")
     return parent
@@ -242,9 +242,13 @@ def _notify_topic(topic: Topic, action: str, value: str | None = None,
 @transaction.atomic
 def create_topic(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...] | None = None,
                  link_path: str | None = None) -> Topic:
-    """CREATE TOPIC; reply codes per profile §7."""
+    """CREATE TOPIC; reply codes per profile §7. A topic the account may not see answers
+    as a missing one (§4.1.3), as a path, a parent or a link's destination; only an account
+    that could create the path (manage right on its parent) learns that it is taken. A link
+    needs the subscribe right on its destination: it delivers what is published there."""
     _check_new_path(path)
-    if find(path) is not None:
+    existing = find(path)
+    if existing is not None and snapshot.can_see(existing):
         raise conflict("topic exists")
     parent = _parent_for(snapshot, path)
     link = None
@@ -252,11 +256,15 @@ def create_topic(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...] 
         if paths.path_key(link_path) == paths.path_key(path):
             raise conflict("topic and destination topic are the same")
         link = find(link_path)
-        if link is None or link.state != Topic.State.ACTIVE:
+        if link is None or link.state != Topic.State.ACTIVE or not snapshot.can_see(link):
             raise not_found("destination topic")
         if link.is_virtual:
             raise not_allowed("a virtual topic links only to a real topic")
     _require_manage(snapshot, parent, "create topics")
+    if existing is not None:
+        raise conflict("topic exists")
+    if link is not None and not snapshot.allows(link, Right.SUBSCRIBE):
+        raise unauthorized(f"no subscribe right on {link.path}")
     siblings = Topic.objects.filter(parent=parent).count()
     if siblings >= settings.SMQP_MAX_CHILD_TOPICS:
         raise ServiceError(414, "Resource too large (too many topics for parent topic)")
@@ -346,7 +354,8 @@ def rename_topic(snapshot: AccessSnapshot, path: str, new_path: str) -> Topic:
     if paths.path_key(new_path) == topic.key:
         raise conflict("new topic and topic are the same")
     _check_new_path(new_path)
-    if find(new_path) is not None:
+    existing = find(new_path)  # hidden: as missing, up to the rights (see create_topic)
+    if existing is not None and snapshot.can_see(existing):
         raise conflict("new topic exists")
     if paths.path_key(new_path).startswith(topic.key + "/"):
         raise conflict("a topic cannot move below itself")
@@ -355,6 +364,8 @@ def rename_topic(snapshot: AccessSnapshot, path: str, new_path: str) -> Topic:
     new_parent = _parent_for(snapshot, new_path)
     _require_manage(snapshot, topic, "rename topics")
     _require_manage(snapshot, new_parent, "create topics")
+    if existing is not None:
+        raise conflict("new topic exists")
     old_path, old_key = topic.path, topic.key
     watchers_key = old_key
     topic.path = new_path

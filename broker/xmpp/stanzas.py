@@ -264,6 +264,9 @@ def _pubsub(element: Element, iq_type: str) -> Any:
         raise IqFault("bad-request")
     verb = verbs[0]
     ns, name = split_tag(verb.tag)
+    if (ns, name) == (QUEUEING, "unlock"):
+        # XEP-0254 §2.4 writes unlock inside <pubsub/> (XMPP-PROFILE: queue nodes).
+        return Unlock(_node(verb), _item_ids_ns(verb, QUEUEING))
     if ns != PUBSUB:
         raise IqFault("bad-request")
     if name == "create" and iq_type == "set":

@@ -1,9 +1,10 @@
 """Parsing one RFC 7395 frame, and writing XML, with no I/O.
 
 A frame is parsed with :mod:`defusedxml` (no DTD, no entity declaration, no external
-reference) and its size is capped before any parsing. Processing instructions and comments
-are kept by the tree builder only so that they can be refused (RFC 6120 §11.1 restricts
-them); the XML declaration is no processing instruction and may lead a frame.
+reference) and its size is capped before any parsing. Processing instructions and comments,
+anywhere in the frame (before the stanza too), are noted by the tree builder so that they
+can be refused (RFC 6120 §11.1 restricts them); the XML declaration is no processing
+instruction and may lead a frame.
 
 The writer is hand-made because ElementTree's invents ``ns0:`` prefixes: a payload given
 back to a client is written with default-namespace declarations, as clients write them.
@@ -35,7 +36,7 @@ def parse_frame(frame: str | bytes, max_bytes: int) -> ET.Element:
     data = frame.encode("utf-8", "surrogatepass") if isinstance(frame, str) else frame
     if len(data) > max_bytes:
         raise StreamFault("policy-violation", f"frame larger than {max_bytes} bytes")
-    builder = ET.TreeBuilder(insert_comments=True, insert_pis=True)
+    builder = _Builder()
     parser = DefusedXMLParser(target=builder, forbid_dtd=True, forbid_entities=True,
                               forbid_external=True)
     try:
@@ -47,10 +48,36 @@ def parse_frame(frame: str | bytes, max_bytes: int) -> ET.Element:
         raise StreamFault("not-well-formed") from None
     if root is None or not isinstance(root.tag, str):
         raise StreamFault("not-well-formed")
-    for node in root.iter():
-        if node.tag is ET.Comment or node.tag is ET.ProcessingInstruction:
-            raise StreamFault("restricted-xml", "comment or processing instruction")
+    if builder.restricted:
+        raise StreamFault("restricted-xml", "comment or processing instruction")
     return root
+
+
+class _Builder:
+    """A tree builder that notes every comment and processing instruction, also those
+    outside the root element (before or after the stanza), which the tree does not keep."""
+
+    def __init__(self) -> None:
+        self._tree = ET.TreeBuilder()
+        self.restricted = False
+
+    def start(self, tag: str, attrib: dict[str, str]) -> ET.Element:
+        return self._tree.start(tag, attrib)
+
+    def end(self, tag: str) -> ET.Element:
+        return self._tree.end(tag)
+
+    def data(self, data: str) -> None:
+        self._tree.data(data)
+
+    def comment(self, text: str) -> None:
+        self.restricted = True
+
+    def pi(self, target: str, text: str | None = None) -> None:
+        self.restricted = True
+
+    def close(self) -> ET.Element:
+        return self._tree.close()
 
 
 def split_tag(tag: str) -> tuple[str, str]:

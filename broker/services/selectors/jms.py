@@ -11,7 +11,10 @@ is UNKNOWN. JMS 1.1 rules kept here:
   (truncating toward zero), a division by zero is UNKNOWN.
 * ``IN`` and ``LIKE`` take an identifier and string literals, and match the header's text
   (also when it parses as a number: ``X_Code IN ('007')``). ``x BETWEEN a AND b`` is
-  ``x >= a AND x <= b``.
+  ``x >= a AND x <= b``, ``x NOT BETWEEN a AND b`` is ``x < a OR x > b`` (FALSE for a
+  string, as JMS 1.1 writes it, not the negation of BETWEEN's FALSE).
+* Exact literals are Java's: ``0x1F`` hexadecimal, ``010`` octal (8, as ActiveMQ reads
+  it), an ``L`` suffix allowed.
 * Identifiers are case-insensitive (profile §9.2) and may not be reserved words.
 """
 
@@ -60,7 +63,7 @@ ADDOP: "+" | "-"
 MULOP: "*" | "/"
 STRING: /'(?:[^']|'')*'/
 APPROX: /(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+/
-EXACT: /\d+/
+EXACT: /0[xX][0-9a-fA-F]+[lL]?|\d+[lL]?/
 IDENT: /[^\W\d][\w$]*|\$[\w$]*/
 
 _OR: "OR"i
@@ -125,8 +128,22 @@ def _compile(node: Tree | Token) -> tuple[str, Fn]:
     return handler(node)
 
 
+def _exact_value(token: Token) -> int:
+    """An exact literal as Java (and ActiveMQ) reads it: ``0x1F`` hexadecimal, ``010`` octal
+    (8), ``7L`` with the long suffix; 567 for an octal literal with an 8 or a 9."""
+    text = token.value.rstrip("lL")
+    if text[:2] in ("0x", "0X"):
+        return int(text[2:], 16)
+    if len(text) > 1 and text[0] == "0":
+        try:
+            return int(text, 8)
+        except ValueError:
+            raise incorrect(f"{token.value} is not an octal number", _column(token)) from None
+    return int(text)
+
+
 def _c_exact(node: Tree) -> tuple[str, Fn]:
-    value = int(node.children[0].value)
+    value = _exact_value(node.children[0])
     return NUM, lambda v: value
 
 
@@ -298,7 +315,8 @@ def _identifier_against_literal(left: Tree | Token, op: str, right: Tree | Token
             return (x == literal) is equal
 
         return str_compare
-    number: int | float = (int if right.data == "exact" else float)(right.children[0].value)
+    number: int | float = (_exact_value(right.children[0]) if right.data == "exact"
+                           else float(right.children[0].value))
     test = {"=": lambda x: x == number, "<>": lambda x: x != number,
             "<": lambda x: x < number, "<=": lambda x: x <= number,
             ">": lambda x: x > number, ">=": lambda x: x >= number}[op]
@@ -330,8 +348,9 @@ def _c_between(node: Tree) -> tuple[str, Fn]:
 
     def between(v: MessageView) -> bool | None:
         x = vf(v)
-        result = _and(_compare_values(">=", x, lf(v)), _compare_values("<=", x, hf(v)))
-        return _not(result) if negate else result
+        if negate:  # JMS 1.1: x < a OR x > b (FALSE for a string, not NOT FALSE)
+            return _or(_compare_values("<", x, lf(v)), _compare_values(">", x, hf(v)))
+        return _and(_compare_values(">=", x, lf(v)), _compare_values("<=", x, hf(v)))
 
     return BOOL, between
 
@@ -401,6 +420,14 @@ def _and(a: bool | None, b: bool | None) -> bool | None:
     if a is None or b is None:
         return None
     return True
+
+
+def _or(a: bool | None, b: bool | None) -> bool | None:
+    if a is True or b is True:
+        return True
+    if a is None or b is None:
+        return None
+    return False
 
 
 def _condition(node: Tree | Token) -> Fn:

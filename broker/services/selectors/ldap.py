@@ -1,6 +1,8 @@
 """The ``RFC-2254`` (``LDAP``) selector class: LDAP search filters in the string form of
-RFC 4515, evaluated as RFC 4511 §4.5.1.7 says (three-valued: an item on a missing attribute
-is Undefined, ``!`` keeps Undefined, ``&`` / ``|`` combine as SQL's AND / OR).
+RFC 4515, evaluated as RFC 4511 §4.5.1.7 says: an item on an attribute the message lacks is
+FALSE (Undefined is for an unrecognised attribute or a matching rule that does not apply,
+and every header name is recognised, with every rule), so ``(!(x-n>=7))`` selects a message
+without ``X-N``; ``&`` / ``|`` / ``!`` keep three values all the same.
 
 Parsed by a lark LALR grammar with a contextual lexer (after ``=`` a value is read, not an
 attribute name), compiled once into closures. Matching rules, per the profile (§9.2):
@@ -10,7 +12,9 @@ attribute name), compiled once into closures. Matching rules, per the profile (�
   leading and trailing spaces ignored).
 * ``~=`` (approximate, implementation-defined by RFC 4511): equal once case-folded with
   every character that is not a letter or digit removed.
-* substrings (``a=in*any*fin``): caseIgnoreSubstringsMatch on the header's text.
+* substrings (``a=in*any*fin``): caseIgnoreSubstringsMatch on the header's text; spaces
+  inside the pieces are significant (RFC 4518 §2.6.1: runs of them count as one, and
+  ``*em *ea`` does not match ``EMEA``).
 * presence (``a=*``): TRUE when the message has the header, FALSE otherwise.
 * extensible matches (``a:dn:=v``) are not supported (567).
 
@@ -113,6 +117,11 @@ def _fold(text: str) -> str:
     return _SPACES.sub(" ", text).strip().casefold()
 
 
+def _fold_piece(text: str) -> str:
+    """A substring piece folded as the value, but its spaces at either end kept."""
+    return _SPACES.sub(" ", text).casefold()
+
+
 def _compile(node: Tree) -> Fn:
     # Recursion is bounded: check_depth() refused deeper trees before this runs.
     rule = node.data
@@ -171,7 +180,7 @@ def _c_equal_or_substring(node: Tree) -> Fn:
     for a, b in itertools.pairwise(parts):
         if a.type == "STAR" and b.type == "STAR":
             raise incorrect("empty substring between two *", _column(b))
-    values = [_fold(_decode(p)) if p.type == "VALUE" else None for p in parts]
+    values = [_fold_piece(_decode(p)) if p.type == "VALUE" else None for p in parts]
     initial = values[0] if values[0] is not None else ""
     final = values[-1] if values[-1] is not None else ""
     middle = [x for x in values[1:-1] if x is not None]
@@ -182,7 +191,7 @@ def _substrings(key: str, initial: str, middle: list[str], final: str) -> Fn:
     def substrings(v: MessageView) -> bool | None:
         text = v.folded(key, _fold)
         if text is None:
-            return None
+            return False
         if not text.startswith(initial):
             return False
         pos = len(initial)
@@ -210,7 +219,7 @@ def _equality(key: str, assertion: str) -> Fn:
                 return value == number
         text = v.folded(key, _fold)
         if text is None:
-            return None
+            return False
         return text == folded
 
     return equal
@@ -226,7 +235,7 @@ def _c_simple(rule: str, node: Tree) -> Fn:
         def approx(v: MessageView) -> bool | None:
             text = v.text(key)
             if text is None:
-                return None
+                return False
             return _NOT_ALNUM.sub("", text).casefold() == wanted
 
         return approx
@@ -241,7 +250,7 @@ def _c_simple(rule: str, node: Tree) -> Fn:
                 return value >= number if greater else value <= number
         mine = v.folded(key, _fold)
         if mine is None:
-            return None
+            return False
         return mine >= folded if greater else mine <= folded
 
     return order

@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
+from django.conf import settings
+
 #: A header value that is a number. Fixed patterns (never built from user text); the length
 #: bound keeps int() away from huge digit strings.
 _INT = re.compile(r"[+-]?\d+")
@@ -98,9 +100,14 @@ def message_view(*, topic: str, publisher: str | None = None, name: str = "",
     """The view of a message from its stored fields (any door's). ``headers``: the other
     header attributes (``X-*``, ``MIME-Version``), in order (a repeated one: the first).
     ``Timeout`` is its number of seconds; ``Created`` ISO 8601 UTC text (:func:`iso`)."""
+    # Selectors read the first SMQP_SELECTOR_MAX_VALUE_CHARS characters of a value: that
+    # bounds what one message costs each selector (LIKE, LDAP folding and substrings are
+    # linear in it). It is above the longest selector, so =, <>, IN, ordering and prefix
+    # patterns answer as on the whole value; only a pattern looking past the cap cannot.
+    limit = max(settings.SMQP_SELECTOR_MAX_VALUE_CHARS, settings.SMQP_SELECTOR_MAX_LENGTH)
     texts: dict[str, str] = {}
     for key, value in headers:
-        texts.setdefault(identifier_key(key), str(value))
+        texts.setdefault(identifier_key(key), str(value)[:limit])
     fields: list[tuple[str, object]] = [
         ("name", name or None), ("priority", priority),
         ("created", iso(created) if created is not None else None), ("timeout", timeout),
@@ -108,5 +115,5 @@ def message_view(*, topic: str, publisher: str | None = None, name: str = "",
         ("publisher", publisher), ("size", size), ("content-type", content_type)]
     for key, value in fields:
         if value is not None:
-            texts[key] = str(value)
+            texts[key] = str(value)[:limit]
     return MessageView(texts)

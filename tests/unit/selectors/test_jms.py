@@ -85,6 +85,13 @@ CASES: list[tuple[str, bool | None]] = [
     ("X_Qty BETWEEN 1 AND X_Missing", U), ("X_Qty BETWEEN 200 AND X_Missing", F),
     ("X_Qty BETWEEN 10 * 5 AND 2 * 100", T),
     ("X_Qty BETWEEN 1 AND 2 OR TRUE", T), ("X_Qty BETWEEN 1 AND 200 AND FALSE", F),
+    # NOT BETWEEN is x < a OR x > b (JMS 1.1): FALSE for a string, UNKNOWN only via NULL
+    ("X_Region NOT BETWEEN 2 AND 4", F), ("X_Qty NOT BETWEEN X_Missing AND 50", T),
+    ("X_Qty NOT BETWEEN X_Missing AND 200", U),
+    # --- exact literals as Java writes them: octal, hexadecimal, the long suffix
+    ("X_Qty = 0144", T), ("X_Qty = 0x64", T), ("X_Qty = 0X64", T), ("X_Qty = 100L", T),
+    ("X_Qty = 0x64l", T), ("X_Qty = 010", F), ("010 = 8", T), ("0 = 0", T),
+    ("X_Qty > 0x1F", T), ("X_Qty BETWEEN 0x1 AND 0144L", T),
     # --- IN
     ("X_Region IN ('emea', 'apac')", T), ("X_Region IN ('apac', 'amer')", F),
     ("X_Region NOT IN ('apac', 'amer')", T), ("X_Region NOT IN ('emea')", F),
@@ -124,6 +131,7 @@ ERRORS: list[tuple[str, int]] = [
     ("NOT 5", 5), ("TRUE AND 5", 10), ("null = 1", 1), ("a = NULL", 5),
     ("TRUE AND or", 10), ("x.y = 1", 2), ("a = 1 2", 7), ("Created > '2026'", 11),
     ("1 IN ('a')", 1), ("'a' LIKE 'a'", 1), ("a + 1 IS NULL", 1),
+    ("a = 09", 5), ("a = 0x", 6), ("a = 1LL", 7),
 ]
 
 
@@ -177,6 +185,26 @@ def test_length_and_depth_bounded(settings) -> None:
     # Long flat chains and deep parentheses are not nesting.
     assert compile_selector("JMS", " OR ".join(["X_Qty = 1"] * 300)).evaluate(VIEW) is False
     assert compile_selector("JMS", "(" * 500 + "TRUE" + ")" * 500).matches(VIEW)
+
+
+def test_like_is_linear_in_the_text_and_header_values_are_capped(settings) -> None:
+    """Issue 34 item 2: the pattern that took seconds per message in the old wildcard
+    matcher still answers right; selectors read at most SMQP_SELECTOR_MAX_VALUE_CHARS."""
+    pattern = "X_A LIKE '%" + "a" * 990 + "b'"
+    selector = compile_selector("JMS", pattern)
+    assert selector.evaluate(message_view(topic="/t", headers=[("X-A", "a" * 4000)])) is False
+    assert selector.evaluate(message_view(topic="/t", headers=[("X-A", "a" * 3000 + "b")]))
+    settings.SMQP_SELECTOR_MAX_VALUE_CHARS = 2000
+    long = message_view(topic="/t", headers=[("X-A", "x" * 2500 + "b")])
+    assert compile_selector("JMS", "X_A LIKE 'x%'").evaluate(long) is True
+    assert compile_selector("JMS", "X_A LIKE '%b'").evaluate(long) is False  # past the cap
+    assert compile_selector("JMS", "X_A = 'x'").evaluate(long) is False
+    for text, like, expected in [("a\nb", "a_b", True), ("a.b", "a.b", True),
+                                 ("axb", "a.b", False), ("(x)", "(%)", True),
+                                 ("\u00e9", "_", True), ("\U0001F600", "__", False),
+                                 ("\ud800", "_", True)]:
+        view = message_view(topic="/t", headers=[("X-A", text)])
+        assert compile_selector("JMS", f"X_A LIKE '{like}'").evaluate(view) is expected, like
 
 
 def test_like_is_linear_on_hostile_patterns() -> None:

@@ -37,10 +37,15 @@ CASES: list[tuple[str, bool | None]] = [
     # --- escapes (RFC 4515 \XX, UTF-8)
     ("(x-paren=a\\28b\\29c)", T), ("(x-star=5\\2a)", T), ("(x-back=c:\\5cdir)", T),
     ("(x-uni=Z\\c3\\bcrich)", T), ("(x-region=\\45MEA)", T), ("(x-star=5\\2A)", T),
-    # --- missing attributes: Undefined, presence FALSE
-    ("(x-missing=1)", U), ("(x-missing>=1)", U), ("(x-missing<=1)", U),
-    ("(x-missing~=a)", U), ("(x-missing=a*)", U), ("(x-missing=*)", F),
-    ("(!(x-missing=1))", U), ("(!(x-missing=*))", T),
+    # --- missing attributes: FALSE (RFC 4511 §4.5.1.7: Undefined is for unrecognised
+    # attributes and rules that do not apply), so a negation is TRUE
+    ("(x-missing=1)", F), ("(x-missing>=1)", F), ("(x-missing<=1)", F),
+    ("(x-missing~=a)", F), ("(x-missing=a*)", F), ("(x-missing=*)", F),
+    ("(!(x-missing=1))", T), ("(!(x-missing=*))", T), ("(!(x-missing>=7))", T),
+    ("(!(x-missing=*a*))", T),
+    # --- spaces inside substring pieces are significant (runs of them count as one)
+    ("(x-region=*em *ea)", F), ("(x-region=em*)", T), ("(x-city=new *york)", T),
+    ("(x-city=*w y*)", T), ("(x-city=*wy*)", F), ("(x-city=new*)", T), ("(x-city=*k )", F),
     # --- presence
     ("(x-region=*)", T), ("(x-empty=*)", T), ("(priority=*)", T), ("(sequence=*)", F),
     # --- ordering
@@ -65,8 +70,8 @@ CASES: list[tuple[str, bool | None]] = [
     ("(|(x-region=apac)(priority=3))", T), ("(|(x-region=apac)(priority=4))", F),
     ("(!(x-region=apac))", T), ("(!(x-region=emea))", F), ("(!(!(x-region=emea)))", T),
     ("(&(x-region=emea))", T), ("(|(x-region=emea))", T),
-    ("(&(x-region=emea)(x-missing=1))", U), ("(&(x-region=apac)(x-missing=1))", F),
-    ("(|(x-region=emea)(x-missing=1))", T), ("(|(x-region=apac)(x-missing=1))", U),
+    ("(&(x-region=emea)(x-missing=1))", F), ("(&(x-region=apac)(x-missing=1))", F),
+    ("(|(x-region=emea)(x-missing=1))", T), ("(|(x-region=apac)(x-missing=1))", F),
     ("(!(&(x-region=apac)(x-missing=1)))", T),
     ("(&(|(x-region=apac)(x-region=emea))(!(priority>=5))(topic=/stocks/*))", T),
     ("(&(|(x-region=apac)(x-region=amer))(topic=/stocks/*))", F),
@@ -114,4 +119,4 @@ def test_depth_bounded(settings) -> None:
         compile_selector("LDAP", deep)
     assert "nested deeper" in caught.value.text
     wide = "(|" + "(a=1)" * 150 + ")"
-    assert compile_selector("LDAP", wide).evaluate(VIEW) is None
+    assert compile_selector("LDAP", wide).evaluate(VIEW) is False  # a missing attribute

@@ -34,6 +34,10 @@ def ready_stream() -> xs.ServerStream:
     ("<!DOCTYPE a [<!ENTITY x 'y'>]><a>&x;</a>", "restricted-xml"),
     ("<a><?pi x?></a>", "restricted-xml"),
     ("<a><!-- c --></a>", "restricted-xml"),
+    ("<?pi x?><a/>", "restricted-xml"),  # before the stanza (issue 34 item 10)
+    ("<a/><?pi x?>", "restricted-xml"),
+    ("<!-- c --><a/>", "restricted-xml"),
+    ("<?xml version='1.0'?><?pi x?><a/>", "restricted-xml"),
     ("<a>" + "x" * 2000 + "</a>", "policy-violation"),
 ])
 def test_bad_frames(frame, condition):
@@ -93,6 +97,16 @@ def test_pubsub_commands():
     assert isinstance(cmd, s.Subscribe) and cmd.options == {"pubsub#queue_requests": ["4"]}
     cmd = iq("<unlock xmlns='urn:xmpp:pubsub:queueing:0' node='/q'><item id='7'/></unlock>")
     assert isinstance(cmd.command, s.Unlock) and cmd.command.ids == ["7"]
+    # XEP-0254 §2.4's own form: inside <pubsub/>, sent as a get (issue 34 item 8)
+    for kind in ("get", "set"):
+        cmd = iq(f"<pubsub xmlns='{ps}'><unlock xmlns='urn:xmpp:pubsub:queueing:0' node='/q'>"
+                 "<item id='7'/><item id='8'/></unlock></pubsub>", kind)
+        assert isinstance(cmd.command, s.Unlock)
+        assert (cmd.command.node, cmd.command.ids) == ("/q", ["7", "8"])
+    with pytest.raises(s.IqFault) as info:
+        iq(f"<pubsub xmlns='{ps}'><unlock xmlns='urn:xmpp:pubsub:queueing:0' node='/q'/>"
+           "</pubsub>")
+    assert (info.value.condition, info.value.pubsub) == ("bad-request", "item-required")
     cmd = iq(f"<pubsub xmlns='{ps}'><items node='/a' max_items='2'/></pubsub>", "get").command
     assert isinstance(cmd, s.Items) and cmd.max_items == 2
     with pytest.raises(s.IqFault) as info:
