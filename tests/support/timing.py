@@ -4,8 +4,9 @@
 server gets to start, a reply to arrive, a message to be delivered, and the pytest-timeout
 limits (tests/conftest.py scales those). On a loaded machine run with e.g.
 ``SMQP_TEST_SLOWDOWN=3``: a test then waits longer for what it expects, and asserts the same.
-Only budgets scale; a wait that a test asserts *does not end* early (nothing arrives within
-N seconds) scales too, which only makes that check stricter.
+A quiet window (nothing arrives within N seconds) scales too, which makes that check stricter;
+a "takes effect within N seconds" bound scales as well, so at a factor above 1 it is a bound for
+the loaded machine. At the default 1 every wait is the number written in the test.
 """
 
 from __future__ import annotations
