@@ -32,7 +32,7 @@ def site(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
     env = {**base_env(base, f"sqlite:///{base / 'reports.sqlite3'}"),
            "SMQP_USAGE_RETENTION_DAYS": "100000", "SPARK_MASTER": "local[2]"}
     run_manage(env, "migrate", "--noinput")
-    script = accounts_script("root") + "\nimport datetime\nfrom tests import reports_data\n"
+    script = accounts_script("root") + "\nimport datetime\nfrom tests.support import reports_data\n"
     for day, publishes, seed in DAYS:
         script += (f"reports_data.seed_database(datetime.date.fromisoformat('{day}'), "
                    f"{publishes}, {seed})\n")

@@ -28,13 +28,14 @@ def shell(env: dict[str, str], code: str) -> str:
 
 
 def seed(env: dict[str, str], day: date) -> None:
-    shell(env, f"import datetime; from tests import reports_data; "
+    shell(env, f"import datetime; from tests.support import reports_data; "
                f"reports_data.seed_database(datetime.date.fromisoformat('{day}'))")
 
 
 def check(env: dict[str, str], day: date) -> list[str]:
-    out = shell(env, f"import datetime, json; from tests import reports_data; print(json.dumps("
-                     f"reports_data.check_report(datetime.date.fromisoformat('{day}'))))")
+    out = shell(env, "import datetime, json; from tests.support import reports_data; "
+                     f"print(json.dumps(reports_data.check_report("
+                     f"datetime.date.fromisoformat('{day}'))))")
     return json.loads(out.strip().splitlines()[-1])
 
 
