@@ -347,6 +347,7 @@ def _template(backend: str, accounts: tuple[str, ...] = (),
 def _copy_template(backend: str, base: Path, template_url: str) -> tuple[str, str | None]:
     """A new database for ``backend`` copied from ``template_url``: (url, postgres name to
     drop or None)."""
+    base.mkdir(parents=True, exist_ok=True)  # as the ``migrate`` it replaces did (settings)
     if backend == "sqlite":
         import sqlite3
 
