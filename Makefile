@@ -18,12 +18,14 @@ REDIS_URL ?= redis://127.0.0.1:6379/0
 PYTEST_ARGS ?= -n auto --dist loadgroup
 export REDIS_URL
 
-.PHONY: help run test bench lint ruff imports services postgres browser xmpp-clients python-deps clean \
-	cluster-deps cluster cluster-stop test-cluster
+.PHONY: help run test test-fast coverage bench lint ruff imports services postgres browser \
+	xmpp-clients python-deps clean cluster-deps cluster cluster-stop test-cluster
 
 help:
 	@echo "make run    - set up and run the whole broker (admin :8000, SMQP :$${SMQP_PORT:-720})"
 	@echo "make test   - set up and run the test suite"
+	@echo "make test-fast - the unit tests only (no process, no socket to the broker): the inner loop"
+	@echo "make coverage  - the test suite under coverage, server processes included; report in var/coverage"
 	@echo "make bench  - run the benchmarks"
 	@echo "make cluster / cluster-stop - a 3-node cluster on this machine (root; docs/cluster.md)"
 	@echo "make test-cluster - the kill and partition tests on that cluster (root)"
@@ -114,6 +116,23 @@ cluster-stop: python-deps
 test-cluster: cluster-deps lint
 	rc=0; $(SUDO) $(PY) -m pytest -p no:xdist -m cluster tests/e2e/cluster $(CLUSTER_PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The unit tests (tests/unit: no server process), for the inner loop: property and fuzz tests
+# at half their example counts (tests/support/examples.py); `make test` runs them in full.
+test-fast: services
+	rc=0; SMQP_HYPOTHESIS_SCALE=$${SMQP_HYPOTHESIS_SCALE:-0.5} $(PY) -m pytest $(PYTEST_ARGS) tests/unit || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The suite under coverage ([tool.coverage] in pyproject.toml): the processes the tests start
+# are measured too (patch = subprocess); text report here, HTML in var/coverage/html.
+# COVERAGE_ARGS picks tests (default: all); a failing test still leaves a report.
+COVERAGE_ARGS ?=
+coverage: services postgres browser xmpp-clients
+	rm -rf var/coverage && mkdir -p var/coverage
+	rc=0; $(PY) -m coverage run -m pytest $(PYTEST_ARGS) $(COVERAGE_ARGS) || rc=$$?; \
+	$(PY) -m coverage combine -q; \
+	$(PY) -m coverage report | tee var/coverage/report.txt; \
+	$(PY) -m coverage html -q -d var/coverage/html; exit $$rc
 
 bench: services postgres
 	@# RabbitMQ's HTTP API is the reference of `python -m bench rest` (management plugin).

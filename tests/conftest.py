@@ -3,6 +3,7 @@ subprocess on a free port, against a database of its own, on SQLite and on Postg
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -20,8 +21,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.timing import SLOWDOWN, scaled
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("SMQP_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config) -> None:
+    """``SMQP_TEST_SLOWDOWN`` scales the pytest-timeout limit (tests/support/timing.py)."""
+    if SLOWDOWN != 1 and config.getoption("timeout", None) is None:
+        ini = config.getini("timeout")
+        if ini:
+            config.option.timeout = float(ini) * SLOWDOWN
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """... and the per-test ``timeout`` marks."""
+    if SLOWDOWN == 1:
+        return
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        if mark is not None and mark.args:
+            item.add_marker(pytest.mark.timeout(scaled(mark.args[0]), **mark.kwargs),
+                            append=False)
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +82,7 @@ class BrokerProcess:
 def run_manage(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(300),
     )
     if check and result.returncode != 0:
         command = " ".join(args)
@@ -105,7 +128,7 @@ def start_listener(env: dict[str, str], var_dir: Path, *extra_args: str,
          "--port", "0", *extra_args],
         env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while time.monotonic() < deadline:
         match = re.search(r"SMQP listening on ([\d.]+):(\d+)", log_path.read_text())
         if match:
@@ -122,7 +145,7 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=scaled(timeout))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -148,7 +171,7 @@ def daphne(env: dict[str, str], base: Path, log_name: str = "daphne.log",
             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/admin/login/", timeout=2) as reply:
@@ -197,22 +220,20 @@ def database_urls(tmp_path_factory) -> Iterator[dict[str, str]]:
     import psycopg
 
     base = tmp_path_factory.mktemp("db")
-    urls = {"sqlite": f"sqlite:///{base / 'e2e.sqlite3'}"}
-    if not _pg_available():
-        raise RuntimeError(f"PostgreSQL is not reachable at {PG_ADMIN_URL} (make test starts it)")
-    dbname = f"smqp_e2e_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    urls["postgres"] = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname
-    for backend, url in urls.items():
-        env = base_env(base / backend, url)
+    urls, pg_names = {}, []
+    for backend in ("sqlite", "postgres"):
         (base / backend).mkdir(exist_ok=True)
-        run_manage(env, "migrate", "--noinput")
-        run_manage(env, "createaccount", "bob", "--password", "pw")
-        run_manage(env, "createaccount", "jtegen", "--password", "rowe7kuy")
+        url, pg_name = _copy_template(backend, base / backend, _template(backend))
+        urls[backend] = url
+        pg_names += [pg_name] if pg_name else []
+        # Both accounts in one process: each ``manage.py`` start costs ~2 s of CPU.
+        manage_many(base_env(base / backend, url),
+                    ("createaccount", "bob", "--password", "pw"),
+                    ("createaccount", "jtegen", "--password", "rowe7kuy"))
     yield urls
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        for name in pg_names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
@@ -251,18 +272,10 @@ def _fresh_database(backend: str, base: Path) -> tuple[str, str | None]:
 def fresh_database(backend: str, base: Path,
                    extra_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
     """A new, migrated database for ``backend`` (dropped afterwards): the environment of a
-    process that uses it (``base_env`` plus ``extra_env``)."""
-    import psycopg
-
-    url, pg_name = _fresh_database(backend, base)
-    env = {**base_env(base, url), **(extra_env or {})}
-    try:
-        run_manage(env, "migrate", "--noinput")
+    process that uses it (``base_env`` plus ``extra_env``). It is a copy of this process's
+    migrated template (see :func:`_template`), not a new ``migrate``."""
+    with _database_copy(backend, base, extra_env, accounts=()) as env:
         yield env
-    finally:
-        if pg_name:
-            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
 
 
 @contextmanager
@@ -271,12 +284,138 @@ def fresh_listener(backend: str, base: Path,
     """A listener on a database of its own (``backend``), with the superuser ``root`` and
     the plain accounts ``bob``, ``alice`` and ``jtegen`` (password ``pw``); ``extra_env``
     adds settings for it."""
-    with fresh_database(backend, base, extra_env) as env:
-        run_manage(env, "shell", "--no-imports", "-c",
-                   accounts_script("root", "bob", "alice", "jtegen"))
-        with listener(env, base, name=f"fresh-{backend}") as broker:
-            broker.extra["backend"] = backend
-            yield broker
+    accounts = ("root", "bob", "alice", "jtegen")
+    with _database_copy(backend, base, extra_env, accounts) as env, \
+            listener(env, base, name=f"fresh-{backend}") as broker:
+        broker.extra["backend"] = backend
+        yield broker
+
+
+def manage_many(env: dict[str, str], *commands: tuple[str, ...]) -> str:
+    """Several management commands (each an argument tuple) in one ``manage.py`` process, in
+    order, stopping at the first that fails: one Python start instead of one per command.
+    Returns what they wrote to stdout."""
+    script = (
+        "import sys\n"
+        "from django.core.management import call_command\n"
+        f"for args in {[list(c) for c in commands]!r}:\n"
+        "    call_command(*args, stdout=sys.stdout, stderr=sys.stderr)\n"
+    )
+    return run_manage(env, "shell", "--no-imports", "-c", script).stdout
+
+
+# Migrated template databases, built once per test process (xdist worker) and copied for each
+# fresh database: a SQLite file copy or a PostgreSQL ``CREATE DATABASE ... TEMPLATE`` takes well
+# under a second, where ``migrate`` in a new process takes 4-10 s of a loaded 2-core machine.
+# The key is (backend, accounts, the settings account creation reads); migrations read no
+# SMQP_* setting, so one migrated template serves every ``extra_env``.
+_TEMPLATES: dict[tuple, str] = {}
+_TEMPLATE_PG_NAMES: list[str] = []
+_TEMPLATE_ROOT: list[Path] = []
+
+
+def _template_key_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The settings that account creation reads (the password hash and its context)."""
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k in ("SMQP_PBKDF2_ITERATIONS", "SMQP_SERVER_CONTEXT")))
+
+
+def _template(backend: str, accounts: tuple[str, ...] = (),
+              extra_env: dict[str, str] | None = None) -> str:
+    """The URL of this process's template for ``backend``: migrated, and with ``accounts``
+    (made by :func:`accounts_script`) when given. Built on first use."""
+    if not _TEMPLATE_ROOT:
+        _TEMPLATE_ROOT.append(Path(tempfile.mkdtemp(prefix="smqp-templates-")))
+    probe = {**base_env(_TEMPLATE_ROOT[0], ""), **(extra_env or {})}
+    key = (backend, accounts, _template_key_env(probe) if accounts else ())
+    if key in _TEMPLATES:
+        return _TEMPLATES[key]
+    base = Path(tempfile.mkdtemp(prefix=f"{backend}-", dir=_TEMPLATE_ROOT[0]))
+    if accounts:
+        url, pg_name = _copy_template(backend, base, _template(backend))
+        env = {**base_env(base, url), **dict(key[2])}
+        run_manage(env, "shell", "--no-imports", "-c", accounts_script(*accounts))
+    else:
+        url, pg_name = _fresh_database(backend, base)
+        run_manage(base_env(base, url), "migrate", "--noinput")
+    if pg_name:
+        _TEMPLATE_PG_NAMES.append(pg_name)
+    _TEMPLATES[key] = url
+    return url
+
+
+def _copy_template(backend: str, base: Path, template_url: str) -> tuple[str, str | None]:
+    """A new database for ``backend`` copied from ``template_url``: (url, postgres name to
+    drop or None)."""
+    base.mkdir(parents=True, exist_ok=True)  # as the ``migrate`` it replaces did (settings)
+    if backend == "sqlite":
+        import sqlite3
+
+        path = base / "fresh.sqlite3"
+        source = sqlite3.connect(template_url.removeprefix("sqlite:///"))
+        target = sqlite3.connect(path)
+        try:
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+        return f"sqlite:///{path}", None
+    import psycopg
+
+    template = template_url.rsplit("/", 1)[1]
+    dbname = f"smqp_fresh_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    deadline = time.monotonic() + scaled(30)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        while True:
+            try:
+                conn.execute(f'CREATE DATABASE "{dbname}" TEMPLATE "{template}"')
+                break
+            except psycopg.errors.ObjectInUse:
+                # The process that built the template has exited, but its PostgreSQL
+                # backend may take a moment to go.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname, dbname
+
+
+@contextmanager
+def _database_copy(backend: str, base: Path, extra_env: dict[str, str] | None,
+                   accounts: tuple[str, ...]) -> Iterator[dict[str, str]]:
+    import psycopg
+
+    url, pg_name = _copy_template(backend, base, _template(backend, accounts, extra_env))
+    env = {**base_env(base, url), **(extra_env or {})}
+    _secret_key(base)
+    try:
+        yield env
+    finally:
+        if pg_name:
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+
+
+def _secret_key(var_dir: Path) -> None:
+    """Write the var dir's secret key, as the ``migrate`` this copy replaces did: processes
+    started together on the copy (a listener and Daphne) then read one key."""
+    import secrets
+
+    with contextlib.suppress(FileExistsError), \
+            os.fdopen(os.open(var_dir / "secret_key", os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                              0o600), "w") as fh:
+        fh.write(secrets.token_urlsafe(50))
+
+
+def pytest_sessionfinish(session) -> None:
+    """Drop this process's template databases."""
+    if _TEMPLATE_PG_NAMES:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            for name in _TEMPLATE_PG_NAMES:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for root in _TEMPLATE_ROOT:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

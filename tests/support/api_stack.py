@@ -20,6 +20,7 @@ from tests.conftest import (
     run_manage,
 )
 from tests.support.smqp_session import Session
+from tests.support.timing import scaled
 
 
 @dataclass
@@ -30,7 +31,7 @@ class ApiStack:
     tokens: dict[str, str] = field(default_factory=dict)
 
     def client(self, user: str = "root") -> httpx.Client:
-        return httpx.Client(base_url=self.http + "/api/v1/", timeout=60,
+        return httpx.Client(base_url=self.http + "/api/v1/", timeout=scaled(60),
                             headers={"Authorization": f"Bearer {self.tokens[user]}"})
 
     def session(self, user: str = "root") -> Session:
@@ -45,10 +46,25 @@ def api_stack(backend: str, base: Path, setup: str = "",
               users: tuple[str, ...] = ("root", "bob", "alice"),
               extra_env: dict[str, str] | None = None) -> Iterator[ApiStack]:
     with fresh_database(backend, base, extra_env) as env:
-        run_manage(env, "shell", "--no-imports", "-c", accounts_script(*users) + setup)
+        # The accounts, the setup and a token each in one process (a start costs ~2 s of CPU).
+        out = run_manage(env, "shell", "--no-imports", "-c",
+                         accounts_script(*users) + setup + _tokens_script(users)).stdout
+        tokens = dict(line.split()[1:3] for line in out.splitlines()
+                      if line.startswith("TOKEN "))
         with listener(env, base, name=f"api-{backend}") as smqp, daphne(env, base) as url:
-            stack = ApiStack(url, smqp, env)
-            for user in users:
-                stack.tokens[user] = stack.token(user)
-            time.sleep(1.2)  # the listener's caches hear of the setup within a second
+            stack = ApiStack(url, smqp, env, tokens)
+            time.sleep(scaled(1.2))  # the listener's caches hear of the setup within a second
             yield stack
+
+
+def _tokens_script(users: tuple[str, ...], name: str = "tests") -> str:
+    """Python for ``manage.py shell``: ``manage.py token create USER NAME`` for each user,
+    printed as ``TOKEN user text`` lines."""
+    return (
+        "\nimport io as _io\n"
+        "from django.core.management import call_command as _call\n"
+        f"for _user in {list(users)!r}:\n"
+        "    _out = _io.StringIO()\n"
+        f"    _call('token', 'create', _user, {name!r}, stdout=_out)\n"
+        "    print('TOKEN', _user, _out.getvalue().strip())\n"
+    )

@@ -29,6 +29,7 @@ from tests.conftest import (
     run_manage,
     stop_process,
 )
+from tests.support.timing import scaled
 
 FAST_LINKS = {"SMQP_LINK_BACKOFF_MAX": "1", "SMQP_LINK_RELOAD_SECONDS": "0.5"}
 
@@ -139,7 +140,7 @@ class Domain:
             [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runsmqp", "--host",
              host, "--port", str(port), *(("--tls-port", "0") if tls else ())],
             env=self.env, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while time.monotonic() < deadline:
             text = log_path.read_text()
             match = re.search(r"SMQP listening on ([\d.]+):(\d+)", text)
@@ -173,7 +174,7 @@ class Domain:
 
 def wait_for(condition, timeout: float = 90.0, what: str = "condition", interval: float = 0.2):
     """Poll ``condition`` until it returns a true value (returned), or fail."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         value = condition()
         if value:

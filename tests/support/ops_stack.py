@@ -27,6 +27,7 @@ from tests.conftest import (
     listener,
     run_manage,
 )
+from tests.support.timing import scaled
 
 METRICS_TOKEN = "ops-test-token"
 
@@ -42,7 +43,7 @@ class OpsStack:
         if token:
             request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
+            with urllib.request.urlopen(request, timeout=scaled(30)) as reply:
                 return reply.status, reply.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
@@ -83,7 +84,7 @@ def ops_stack(backend: str, base: Path) -> Iterator[OpsStack]:
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition", pause: float = 0.3):
     """``predicate()``'s first true value, asked again until ``timeout``."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     last = None
     while time.monotonic() < deadline:
         last = predicate()

@@ -10,6 +10,7 @@ from contextlib import closing
 
 from broker.smqp.client import Reply, ServerAck
 from tests.support.smqp_session import Session, header
+from tests.support.timing import scaled
 
 
 def ack_answer(session: Session) -> int:
@@ -30,7 +31,7 @@ def smuid_in(note) -> int:
 
 def first_notified(sessions: dict[str, Session], timeout: float = 10.0) -> tuple[str, int]:
     """(name, smuid) of the first of ``sessions`` to get a NOTIFY MESSAGE."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         for name, session in sessions.items():
             if not session.quiet(0.1):

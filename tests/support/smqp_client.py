@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 import socket
 
+from tests.support.timing import scaled
+
 REPLY_END = re.compile(rb"^\d{3} ")
 
 
 class RawClient:
     def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = socket.create_connection((host, port), timeout=scaled(timeout))
         self.buf = b""
 
     def close(self) -> None:

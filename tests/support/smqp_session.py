@@ -12,12 +12,13 @@ from broker.smqp.client import ClientConnection, Greeting, NotifyMessage, Server
 from broker.smqp.connection import CLOSED, NEED_DATA
 from broker.smqp.message import DataSection, Message
 from broker.smqp.replies import Reply
+from tests.support.timing import scaled
 
 
 class Session:
     def __init__(self, host: str, port: int, user: str | None = None, password: str = "pw",
                  timeout: float = 15.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = socket.create_connection((host, port), timeout=scaled(timeout))
         self.conn = ClientConnection()
         self.pending: deque = deque()  # notifications seen while waiting for replies
         self.greeting = self._next()
@@ -75,11 +76,11 @@ class Session:
         """The next notification (of any kind)."""
         if self.pending:
             return self.pending.popleft()
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(scaled(timeout))
         try:
             return self._next()
         finally:
-            self.sock.settimeout(15.0)
+            self.sock.settimeout(scaled(15.0))
 
     def message(self, timeout: float = 15.0) -> NotifyMessage:
         while True:
@@ -96,16 +97,17 @@ class Session:
             self.pending.append(event)
 
     def quiet(self, wait: float = 1.0) -> bool:
-        """True when no notification arrives within ``wait`` seconds."""
+        """True when no notification arrives within ``wait`` seconds (scaled: a longer quiet
+        window under ``SMQP_TEST_SLOWDOWN`` is a stricter check)."""
         if self.pending:
             return False
-        self.sock.settimeout(wait)
+        self.sock.settimeout(scaled(wait))
         try:
             event = self._next()
         except TimeoutError:
             return True
         finally:
-            self.sock.settimeout(15.0)
+            self.sock.settimeout(scaled(15.0))
         self.pending.append(event)
         return False
 

@@ -22,6 +22,7 @@ from scramp import ScramClient
 from tests.conftest import (
     daphne as start_daphne,
 )
+from tests.support.timing import scaled
 
 FRAMING = "urn:ietf:params:xml:ns:xmpp-framing"
 SASL = "urn:ietf:params:xml:ns:xmpp-sasl"
@@ -64,7 +65,7 @@ class XmppSession:
     def __init__(self, url: str, timeout: float = 30.0, sslopt: dict | None = None) -> None:
         self.url = url
         self.timeout = timeout
-        self.ws = websocket.create_connection(url, subprotocols=["xmpp"], timeout=timeout,
+        self.ws = websocket.create_connection(url, subprotocols=["xmpp"], timeout=scaled(timeout),
                                               sslopt=sslopt)
         self.frames: list[ET.Element] = []
         self.pending: list[ET.Element] = []  # received, not yet taken by an expect
@@ -93,7 +94,7 @@ class XmppSession:
         for i, element in enumerate(self.pending):
             if match(element):
                 return self.pending.pop(i)
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = time.monotonic() + scaled(timeout or self.timeout)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -120,7 +121,7 @@ class XmppSession:
                 self.pending.pop(i)
                 self.close()
                 return True
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             try:
                 element = self._read(deadline - time.monotonic())

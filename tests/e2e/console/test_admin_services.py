@@ -31,6 +31,7 @@ from tests.conftest import (
     run_manage,
 )
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -205,7 +206,7 @@ def test_topics_and_keywords_made_in_the_admin_are_told(stack):
         assert "/change/" in url, errors_of(page) or url
         note = root.notification(timeout=10)
         assert (note.topic, note.action) == ("/shop/new", "ADDED"), note
-        time.sleep(1.0)  # the listener's topic tree follows within a poll
+        time.sleep(scaled(1.0))  # the listener's topic tree follows within a poll
         found = root.command("FIND TOPIC /shop (FRESH)")
         assert found.lines[1:] == ["/shop/new (FRESH)"], found
         url, page = admin.submit(url.removeprefix(stack.http),
@@ -213,7 +214,7 @@ def test_topics_and_keywords_made_in_the_admin_are_told(stack):
         assert url.endswith(TOPICS), errors_of(page) or url
         note = root.notification(timeout=10)
         assert (note.topic, note.action, note.value) == ("/shop/new", "KEYWORDS", "RIPE"), note
-        time.sleep(1.0)
+        time.sleep(scaled(1.0))
         assert root.command("GET TOPIC KEYWORDS /shop/new").lines[-1] == "RIPE"
         root.command("UNSUB *")
 
@@ -233,7 +234,7 @@ def test_a_delete_in_the_admin_keeps_the_topic_until_its_queue_empties(stack):
         assert "is being removed" in page, page
         note = root.notification(timeout=10)
         assert (note.topic, note.action) == ("/gone", "DELETED"), note
-        time.sleep(1.0)  # the listener's topic tree follows within a poll
+        time.sleep(scaled(1.0))  # the listener's topic tree follows within a poll
         assert "/gone" not in root.command("LIST TOPIC /").lines
         root.command("UNSUB *")
     with stack.session("bob") as bob:
@@ -255,7 +256,7 @@ for _ in range(150):
     time.sleep(0.1)
 """).stdout
     assert "REMOVED" in out, out
-    time.sleep(1.0)  # the listener's topic tree follows within a poll
+    time.sleep(scaled(1.0))  # the listener's topic tree follows within a poll
     with stack.session() as root:
         assert root.command("CREATE TOPIC /gone").code == 200
 

@@ -31,6 +31,7 @@ from tests.e2e.federation.test_triangle import (
 )
 from tests.support.federation_net import link_all, prepared, wait_for
 from tests.support.smqp_session import header
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -122,7 +123,7 @@ def test_links_cross_a_veth_pair_and_survive_the_cable_pulled(netns, unix_redis,
         # side that can reach it now); what B has not stored and ACKed waits at A.
         ip("link", "set", netns["outer"], "down")
         origins += [f"a.test/{n}" for n in publish_inside(in_ns, a.host, a.port, 20)]
-        time.sleep(2)  # not an assertion: the outage lasts a while
+        time.sleep(scaled(2))  # not an assertion: the outage lasts a while
         ip("link", "set", netns["outer"], "up")
         wait_for(lambda: len(stored_origins(b, "/a/news/d1")) >= len(origins), 300,
                  "B to catch up after the outage", interval=0.5)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, fresh_database, run_manage, stop_process
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # Spark runs
 
@@ -49,7 +50,7 @@ def wait_for(predicate, timeout: float, what: str, log: Path | None = None):
         result = predicate()
         if result:
             return result
-        time.sleep(1)
+        time.sleep(scaled(1))
     tail = log.read_text()[-4000:] if log and log.exists() else ""
     raise AssertionError(f"timed out waiting for {what}\n{tail}")
 

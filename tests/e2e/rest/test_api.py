@@ -21,6 +21,7 @@ from tests.conftest import run_manage
 from tests.e2e.console.test_admin_services import AdminClient
 from tests.support.api_stack import ApiStack, api_stack
 from tests.support.smqp_session import smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -144,7 +145,7 @@ def test_an_expired_receipt_gets_409_and_the_message_comes_again(stack):
         smuid = publish(root, "q/short", "slow")
         [first] = pull_until(bob, sub, 1)
         assert first["smuid"] == smuid and first["attempts"] == 1
-        time.sleep(2.5)  # the lock's deadline (retry timeout 1 s) passes
+        time.sleep(scaled(2.5))  # the lock's deadline (retry timeout 1 s) passes
         late = bob.post(f"receipts/{first['receipt']}/ack")
         assert late.status_code == 409 and late.json()["smqp_code"] == 409
         assert bob.post(f"receipts/{first['receipt']}/nack").status_code == 409
@@ -191,7 +192,7 @@ def test_fanout_receipts_nack_and_expiry_return_the_message_to_the_same_account(
         [b2] = pull_until(bob, bsub, 1)
         assert b2["smuid"] == smuid and b2["attempts"] == 2
         assert bob.post(f"receipts/{b2['receipt']}/ack").status_code == 204
-        time.sleep(2.5)  # alice's lock (retry timeout 1 s) expires
+        time.sleep(scaled(2.5))  # alice's lock (retry timeout 1 s) expires
         assert alice.post(f"receipts/{a1['receipt']}/ack").status_code == 409
         [a2] = pull_until(alice, asub, 1)
         assert alice.post(f"receipts/{a2['receipt']}/ack").status_code == 204
@@ -349,11 +350,11 @@ def test_ual_entries_by_a_manager_take_effect_over_smqp(stack):
         refused = alice.post("ual/entries/", json={"topic": "/m/t", "principal_kind": "account",
                                                    "account": "alice", "right": "manage"})
         assert refused.json()["smqp_code"] == 401
-        time.sleep(1.2)  # the listener's caches hear of the grant
+        time.sleep(scaled(1.2))  # the listener's caches hear of the grant
         with stack.session("alice") as session:
             assert session.publish("/m/t", "granted").code == 200
         assert bob.delete(f"ual/entries/{entry}").status_code == 204
-        time.sleep(1.2)
+        time.sleep(scaled(1.2))
         with stack.session("alice") as session:
             assert session.publish("/m/t", "revoked").code in (401, 404)
 
@@ -433,7 +434,7 @@ def test_long_polls_wait_for_a_publish_without_holding_other_requests(stack):
         try:
             with ThreadPoolExecutor(10) as pool:
                 waiting = [pool.submit(pull, c, sub, 1, 15) for c in clients]
-                time.sleep(1)  # (not an assertion: lets the pulls reach the server first)
+                time.sleep(scaled(1))  # (not an assertion: lets the pulls reach the server first)
                 assert root.get("topics/s/lp").status_code == 200
                 assert root.get("subscriptions/").status_code == 200
                 assert not any(f.done() for f in waiting)  # all still waiting

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import fresh_listener
 from tests.support.smqp_client import RawClient
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +49,7 @@ def broker(request, tmp_path_factory):
     with fresh_listener(request.param, base, {"SMQP_BACKLOG_PAGE": str(PAGE),
                                                    "SMQP_GET_PAGE": str(PAGE)}) as b:
         b.manage("shell", "--no-imports", "-c", SETUP)
-        time.sleep(1.2)  # permission caches of the running listener refresh within a second
+        time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
         yield b
 
 

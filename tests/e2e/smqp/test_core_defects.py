@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import base_env, fresh_listener, listener, run_manage
 from tests.support.smqp_client import RawClient
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +60,7 @@ def broker(request, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"defects-{request.param}")
     with fresh_listener(request.param, base, LIMITS) as b:
         b.manage("shell", "--no-imports", "-c", SETUP)
-        time.sleep(1.2)  # the listener's caches see the set-up within a second
+        time.sleep(scaled(1.2))  # the listener's caches see the set-up within a second
         yield b
 
 

@@ -23,6 +23,7 @@ from tests.conftest import (
     stop_listener,
 )
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -169,7 +170,7 @@ def test_celery_worker_moves_expired_messages_to_trash(env):
                 trash = root.command("LIST MESSAGE /d/exp/Trash").lines[-1]
                 if trash != "none":
                     break
-                time.sleep(0.5)
+                time.sleep(scaled(0.5))
             assert trash == str(smuid), (var / "celery.log").read_text()[-3000:]
             assert root.command("LIST MESSAGE /d/exp").lines[-1] == "none"
         assert "broker.expire_messages" in (var / "celery.log").read_text()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.smqp_client import RawClient
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +46,7 @@ tree.changed()  # the update() calls above send no signals
 @pytest.fixture(scope="module")
 def broker(fresh_broker):
     fresh_broker.manage("shell", "--no-imports", "-c", SETUP)
-    time.sleep(1.2)  # permission caches of the running listener refresh within a second
+    time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
     return fresh_broker
 
 
@@ -282,7 +283,7 @@ def test_timeout_starts_once_every_publish_time_subscriber_acked(broker):
         assert header(bob.message(), "Smuid").endswith(f"/{smuid}")
         bob.ack()
         note = alice.message()  # delivered, not yet ACKed
-        time.sleep(1.3)
+        time.sleep(scaled(1.3))
         assert expired() == 0  # alice has not ACKed: no timeout is running
         assert str(smuid) in pub.command("LIST MESSAGE /m/wait").lines[-1]
         assert header(note, "Smuid").endswith(f"/{smuid}")
@@ -291,7 +292,7 @@ def test_timeout_starts_once_every_publish_time_subscriber_acked(broker):
         # The timeout starts now: its end is a second after this ACK, not after bob's. (Read
         # rather than swept: a sweep's own start-up may take longer than that second.)
         assert expires_of(smuid) >= before + timedelta(seconds=1)
-        time.sleep(1.3)
+        time.sleep(scaled(1.3))
         assert expired() == 1
         assert pub.command("LIST MESSAGE /m/wait").lines[-1] == "none"
         assert str(smuid) in pub.command("LIST MESSAGE /m/wait/Trash").lines[-1]
@@ -305,7 +306,7 @@ def test_expiry_into_trash_and_republish(broker):
         seq = smuid_of(pub.publish("/m/expiry", "T2", [("Timeout", "00:00:01"),
                                                        ("Sequence", "7")]))
         assert pub.command(f"REPUB MESS /m/expiry {plain}").code == 406  # not in Trash yet
-    time.sleep(1.2)
+    time.sleep(scaled(1.2))
     broker.manage("shell", "--no-imports", "-c",
                   "from broker.services.sweeps import expire_messages; expire_messages()")
     with session(broker, "bob") as bob, session(broker) as pub:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -274,7 +275,7 @@ def matrix(fresh_broker) -> Iterator:
     out = fresh_broker.manage("shell", "--no-imports", "-c", setup_script(CELLS)).stdout
     assert "ready" in out, out
     # The listener has never decided for these accounts; one poll interval keeps it honest.
-    time.sleep(0.6)
+    time.sleep(scaled(0.6))
     yield fresh_broker
 
 
@@ -363,7 +364,7 @@ UALEntry.objects.create(topic=Topic.objects.get(path="/mx_revoke"), principal_ki
         skip_notification(sub, first)
         assert sub.read_reply() == [b"310 ACK\r\n"]
         matrix.manage("grant", "m_acc", "/mx_revoke", "subscribe", "--revoke")
-        time.sleep(1.0)
+        time.sleep(scaled(1.0))
         assert publish(pub, "MESSAGE", topic, "AFTER") == 200
         sub.sock.settimeout(1.5)
         try:
@@ -394,7 +395,7 @@ UALEntry.objects.create(topic=top, principal_kind="account",
         assert publish(pub, "MESSAGE", topic, "AWAY1") == 200
         assert publish(pub, "MESSAGE", topic, "AWAY2") == 200
     matrix.manage("grant", "m_grp", "/mx_backlog", "subscribe", "--revoke")
-    time.sleep(1.0)
+    time.sleep(scaled(1.0))
     with login(matrix, "m_grp") as sub:
         assert command(sub, "NOOP") == 200
         sub.sock.settimeout(1.5)
@@ -412,7 +413,7 @@ print("STATES", sorted(Delivery.objects.filter(account__username="m_grp",
     # Granted again: new messages flow again once the account subscribes again (the revoke
     # ended its subscription, profile §9.3, issue 26).
     matrix.manage("grant", "m_grp", "/mx_backlog", "subscribe")
-    time.sleep(1.0)
+    time.sleep(scaled(1.0))
     with login(matrix, "m_grp") as sub, login(matrix, "root") as pub:
         assert command(sub, f"SUBSCRIBE MESSAGE {topic}") == 200
         assert publish(pub, "MESSAGE", topic, "BACK") == 200

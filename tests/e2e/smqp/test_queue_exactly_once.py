@@ -35,6 +35,7 @@ from tests.conftest import (
 )
 from tests.support.queue_clients import ack_answer, smuid_in, store_rows
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -107,7 +108,7 @@ class Subscriber(threading.Thread):
                     continue
                 delayed = count % DELAY_EVERY == 0
                 if delayed:
-                    time.sleep(RETRY + 0.5)
+                    time.sleep(scaled(RETRY + 0.5))
                 answer = ack_answer(session)
                 if delayed:
                     self.delayed.append(answer)
@@ -181,7 +182,7 @@ def test_every_queue_message_is_consumed_exactly_once_across_processes(backend, 
                         break
                     time.sleep(0.2)
                 elapsed = time.monotonic() - started
-                time.sleep(RETRY + 1)  # a message consumed twice would show by now
+                time.sleep(scaled(RETRY + 1))  # a message consumed twice would show by now
             finally:
                 stop.set()
                 for s in subscribers:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.queue_clients import ack_answer, deliveries_of, first_notified, smuid_in
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +42,7 @@ tree.changed()  # the update() calls above send no signals
 @pytest.fixture(scope="module")
 def broker(fresh_broker):
     fresh_broker.manage("shell", "--no-imports", "-c", SETUP)
-    time.sleep(1.2)  # permission caches of the running listener refresh within a second
+    time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
     return fresh_broker
 
 
@@ -102,10 +103,10 @@ def test_attempts_are_counted_and_the_message_is_dead_once_they_are_spent(broker
         assert bob.command("SUB MESSAGE /ql/dead").code == 200
         smuid = smuid_of(pub.publish("/ql/dead", "D1"))
         assert smuid_in(bob.message()) == smuid
-        time.sleep(1.5)  # past the deadline
+        time.sleep(scaled(1.5))  # past the deadline
         assert ack_answer(bob) == 409
         assert smuid_in(bob.message(timeout=10)) == smuid  # the second attempt
-        time.sleep(1.5)
+        time.sleep(scaled(1.5))
         assert ack_answer(bob) == 409
         assert bob.quiet(2.0)  # no third attempt
         [(account, state, holder, attempts)] = deliveries_of(broker.env, smuid)

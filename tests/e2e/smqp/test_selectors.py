@@ -21,6 +21,7 @@ import pytest
 from broker.smqp.client import NotifyMessage, NotifySubscription
 from tests.support.queue_clients import smuid_in, store_rows
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +77,7 @@ def _expected(user: str, i: int) -> bool:
 @pytest.fixture(scope="module")
 def broker(fresh_broker):
     fresh_broker.manage("shell", "--no-imports", "-c", SETUP)
-    time.sleep(1.2)  # permission caches of the running listener refresh within a second
+    time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
     return fresh_broker
 
 
@@ -172,7 +173,7 @@ def test_subscribing_again_renews_the_lease(broker):
     with session(broker, "alice") as alice, session(broker) as pub:
         started = time.monotonic()
         assert alice.command("SUB MESSAGE /sel/renew LEASE 00:00:04").code == 200
-        time.sleep(1.0)
+        time.sleep(scaled(1.0))
         assert alice.command("SUB MESSAGE /sel/renew LEASE 00:00:08").code == 200
         # (Renewed well before the first lease's end, even on a loaded machine.)
         assert time.monotonic() - started < 3.5

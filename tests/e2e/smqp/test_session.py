@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import base_env, start_listener, stop_listener
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -250,7 +251,7 @@ def test_idle_logged_in_client_is_closed_but_active_one_is_not(short_timeout_ser
         idle.login("bob", "pw")
         for _ in range(6):  # 3 s of activity, longer than the 2 s idle timeout
             assert active.command("NOOP") == [b"200 OK\r\n"]
-            time.sleep(0.5)
+            time.sleep(scaled(0.5))
         assert idle.read_until_closed().startswith(b"408 ")
         assert active.command("NOOP") == [b"200 OK\r\n"]
 

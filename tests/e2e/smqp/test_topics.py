@@ -13,6 +13,7 @@ import pytest
 from accounts.scram import ScramClient
 from tests.conftest import fresh_listener
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -360,7 +361,7 @@ def test_suspend_holds_notifications_until_resume(tree):
         cmd(watcher, "SUB TOPIC /info/*")
         assert cmd(watcher, "SET NOTIFY SUSPEND") == ["200 OK"]
         assert cmd(actor, "CREATE TOPIC /info/held") == ["200 OK"]
-        time.sleep(0.5)
+        time.sleep(scaled(0.5))
         assert cmd(watcher, "NOOP") == ["200 OK"]
         assert nothing_pending(watcher)
         assert cmd(watcher, "SET NOTIFY RES") == ["200 OK"]

@@ -23,6 +23,7 @@ from tests.e2e.xmpp.test_xmpp import SETUP, create, ok, publish, session, subscr
 from tests.support.queue_clients import ack_answer, store_rows
 from tests.support.smqp_session import Session as SmqpSession
 from tests.support.smqp_session import header
+from tests.support.timing import scaled
 from tests.support.xmpp_session import PUBSUB, XmppSession, daphne
 
 pytestmark = pytest.mark.e2e
@@ -172,7 +173,7 @@ def test_three_workers_at_two_doors_share_300_items_each_consumed_once(xmpp):
         while len(set(consumed())) < 300 and time.monotonic() < deadline:
             for w in (w_xmpp, w_stanza):
                 assert not w.events("error"), w.events("error")
-            time.sleep(0.5)
+            time.sleep(scaled(0.5))
         done = consumed()
         counts = Counter(done)
         assert sorted(counts) == sorted(ids), f"{300 - len(counts)} items never consumed"

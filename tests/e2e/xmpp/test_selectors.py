@@ -30,6 +30,7 @@ from tests.e2e.smqp.test_selectors import N, _expected, _headers
 from tests.support.queue_clients import store_rows
 from tests.support.smqp_session import Session as SmqpSession
 from tests.support.smqp_session import header, smuid_of
+from tests.support.timing import scaled
 from tests.support.xmpp_session import (
     CLIENT,
     EVENT,
@@ -79,7 +80,7 @@ def xmpp(request, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     with fresh_listener(request.param, base, extra) as broker:
         broker.manage("shell", "--no-imports", "-c", SETUP)
         with daphne(broker.env, base) as url:
-            time.sleep(1.2)  # permission caches of the running listener refresh within 1 s
+            time.sleep(scaled(1.2))  # permission caches of the running listener refresh within 1 s
             yield broker, url
 
 
@@ -338,7 +339,7 @@ def _settled_totals(broker: BrokerProcess) -> dict[str, int]:
     """The counters once nothing more arrives (two reads a few flushes apart agree)."""
     last = shell_json(broker, TOTALS)
     for _ in range(20):
-        time.sleep(2.5)
+        time.sleep(scaled(2.5))
         now = shell_json(broker, TOTALS)
         if now == last:
             return now
@@ -367,7 +368,7 @@ def test_xmpp_publishes_and_deliveries_are_counted(xmpp):
                 break
             assert time.monotonic() < deadline, (before, after)
             assert grown["publish"] <= 3 and grown["deliver"] <= 3, (before, after)
-            time.sleep(0.5)
+            time.sleep(scaled(0.5))
     finally:
         publisher.close()
         reader.close()

@@ -18,6 +18,7 @@ import websocket
 from tests.conftest import BrokerProcess, fresh_listener
 from tests.support.smqp_session import Session as SmqpSession
 from tests.support.smqp_session import smuid_of
+from tests.support.timing import scaled
 from tests.support.xmpp_session import (
     CLIENT,
     EVENT,
@@ -182,7 +183,7 @@ def test_bind_is_a_login_session_that_ends_with_the_stream(xmpp):
     deadline = time.monotonic() + 30
     while broker.manage("shell", "--no-imports", "-c", script).stdout.strip() != "0":
         assert time.monotonic() < deadline
-        time.sleep(0.5)
+        time.sleep(scaled(0.5))
 
 
 # ------------------------------------------------------------------ fan-out nodes
@@ -452,7 +453,7 @@ def test_queue_item_is_dead_after_max_retries(xmpp):
         if states and states[0] == "dead":
             break
         assert time.monotonic() < deadline, states
-        time.sleep(1)
+        time.sleep(scaled(1))
     reply = w.pubsub("set", f"<retract node='{path}'><item id='d1'/></retract>")
     assert error_condition(reply) == "item-not-found"
     pub.close()

@@ -9,11 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accounts.models import Account, LoginSession
+from tests.support.examples import examples
 from topics.models import Topic
 
 pytestmark = pytest.mark.django_db
 
-FUZZ = settings(max_examples=60, deadline=None,
+FUZZ = settings(max_examples=examples(60), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)
 

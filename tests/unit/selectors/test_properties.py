@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from broker.services.selectors import SelectorError, compile_selector, message_view
 from broker.smqp.commands import Subscribe, Unsubscribe, parse_command_line, serialize_command
 from broker.smqp.errors import ProtocolError
+from tests.support.examples import examples
 
 NUM_IDS = ["X_A", "X_B", "Priority"]
 STR_IDS = ["X_S", "X_T"]
@@ -106,7 +107,7 @@ def _ldap_combine(inner):
 ldap_selectors = st.recursive(ldap_item, _ldap_combine, max_leaves=6)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jms_selectors, messages())
 def test_jms_selector_and_negation_never_both_match(text: str, view) -> None:
     try:
@@ -120,7 +121,7 @@ def test_jms_selector_and_negation_never_both_match(text: str, view) -> None:
         assert negation.evaluate(view) is (not selector.evaluate(view))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ldap_selectors, messages())
 def test_ldap_selector_and_negation_never_both_match(text: str, view) -> None:
     selector = compile_selector("LDAP", text)
@@ -132,25 +133,25 @@ JMS_ALPHABET = string.ascii_letters[:8] + string.digits[:4] + " '()=<>+-*/_%.,!\
 LDAP_ALPHABET = "abxX019 ()&|!=~<>*\\:.-_" + "é\x00"
 
 
-@settings(max_examples=1500, deadline=2000)
+@settings(max_examples=examples(1500), deadline=2000)
 @given(st.text(alphabet=JMS_ALPHABET, max_size=60))
 def test_fuzz_jms_parser(text: str) -> None:
     _compile_or_refuse("JMS", text)
 
 
-@settings(max_examples=1500, deadline=2000)
+@settings(max_examples=examples(1500), deadline=2000)
 @given(st.text(alphabet=LDAP_ALPHABET, max_size=60))
 def test_fuzz_ldap_parser(text: str) -> None:
     _compile_or_refuse("LDAP", text)
 
 
-@settings(max_examples=500, deadline=2000)
+@settings(max_examples=examples(500), deadline=2000)
 @given(st.text(max_size=80), st.sampled_from(["JMS", "LDAP", "RFC-2254", "jms", "X"]))
 def test_fuzz_any_text(text: str, cls: str) -> None:
     _compile_or_refuse(cls, text)
 
 
-@settings(max_examples=300, deadline=2000)
+@settings(max_examples=examples(300), deadline=2000)
 @given(st.sampled_from(["JMS", "LDAP"]),
        st.lists(st.sampled_from(["(", ")", "NOT ", "(!", "a=1", "a = 1", " AND ", "(&"]),
                 max_size=200))
@@ -215,7 +216,7 @@ def test_sub_grammar_refusals(line: str) -> None:
     assert caught.value.code == 400
 
 
-@settings(max_examples=1000, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(alphabet="SUBMESAGLTCORJ /t:0123456789()=-'", max_size=70))
 def test_fuzz_sub_lines(rest: str) -> None:
     for prefix in ("SUB MESSAGE /t ", "UNSUB MESSAGE /t "):

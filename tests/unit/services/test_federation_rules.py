@@ -20,6 +20,7 @@ from broker.services import federation as fed
 from broker.services.prepare import PublishRequest
 from broker.services.publish import publish
 from broker.services.subscriptions import subscribe
+from tests.support.examples import examples
 from tests.support.factories import make_account
 from topics.models import Topic
 from ual import grants
@@ -172,7 +173,7 @@ _values = st.text(alphabet=st.characters(blacklist_categories=("Cs",),
                                          blacklist_characters="\r\n"), max_size=40)
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(headers=st.lists(st.tuples(_header_names, _values), max_size=8),
        peer_topic=st.one_of(st.sampled_from(["/news/ibm", "/x"]), _values))

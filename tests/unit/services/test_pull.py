@@ -19,6 +19,7 @@ from api import serializers as s
 from api.views import topic_path
 from broker.models import Delivery, Message, Subscription
 from broker.services import ServiceError, locks, pull
+from tests.support.examples import examples
 from tests.support.factories import make_account
 from topics.models import Topic
 from ual.models import UALEntry
@@ -74,7 +75,7 @@ def test_a_pull_of_another_accounts_subscription_is_404(fanout):
     assert refused.value.code == 404
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=120))
 def test_a_receipt_that_does_not_parse_is_409(text):
     try:
@@ -86,7 +87,7 @@ def test_a_receipt_that_does_not_parse_is_409(text):
         assert int(number) == smuid and holder == pull.HOLDER_PREFIX + token
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=200))
 def test_a_cursor_decodes_or_is_a_validation_error(text):
     try:
@@ -98,7 +99,7 @@ def test_a_cursor_decodes_or_is_a_validation_error(text):
         assert pagination.encode(pagination.decode(again)) == again
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=200))
 def test_a_url_topic_is_a_topic_path_or_404(text):
     try:
@@ -115,7 +116,7 @@ JSONISH = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(JSONISH, st.fixed_dictionaries({}, optional={
     "headers": st.dictionaries(st.text(max_size=20), st.text(max_size=40) | JSONISH,
                                max_size=4),

@@ -23,6 +23,7 @@ from accounts.scram import (
     django_default_iterations,
     dummy_credentials,
 )
+from tests.support.examples import examples
 
 # RFC 7677 §3
 RFC_CLIENT_NONCE = "rOprNGfwEbeRWgbNEkqO"
@@ -513,7 +514,8 @@ def test_escaped_username_on_the_wire() -> None:
 # --- fuzzing ----------------------------------------------------------------------------------
 
 _FUZZ_SETTINGS = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300), deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 _SCRAM_ALPHABET = st.sampled_from(list(b"nyparcsvmie=,2CD3AZbiws+/\x00\xff\xc3 "))
 _SCRAMMY = st.lists(_SCRAM_ALPHABET, max_size=60).map(bytes)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from broker.qqp import netstring, protocol, sxdf
 from broker.qqp.errors import OverLimit, QQPError
+from tests.support.examples import examples
 
 # The draft's Data element (section 5), indented as the draft prints it.
 DRAFT_DATA = b"""4:Data=3%
@@ -163,7 +164,7 @@ values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(keys, values, max_size=5), st.booleans())
 def test_round_trip_property(elements, pretty):
     body = sxdf.encode_resource(elements, pretty=pretty)

@@ -5,7 +5,6 @@ the events of a stream do not depend on how it is split into chunks."""
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
@@ -46,14 +45,14 @@ from broker.smqp.values import (
     parse_smuid_list,
     parse_timeout,
 )
+from tests.support.examples import examples
 
-# SMQP_HYPOTHESIS_SCALE=20 multiplies the example counts for a long soak run.
-_SCALE = int(os.environ.get("SMQP_HYPOTHESIS_SCALE", "1"))
+# SMQP_HYPOTHESIS_SCALE=20 multiplies the example counts for a long soak run (examples()).
 PROPS = settings(
-    max_examples=150 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 FUZZ = settings(
-    max_examples=300 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 # ------------------------------------------------------------------------------ strategies

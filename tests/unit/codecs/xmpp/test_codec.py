@@ -15,6 +15,7 @@ from broker.xmpp import payload as p
 from broker.xmpp import stanzas as s
 from broker.xmpp import stream as xs
 from broker.xmpp.xml import StreamFault, parse_frame, serialize
+from tests.support.examples import examples
 
 OPEN = "<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='localhost' version='1.0'/>"
 
@@ -139,7 +140,7 @@ def test_payload_round_trip_and_smqp_messages():
     assert sections[2].get("encoding") == "base64"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=200))
 def test_any_text_is_an_event_or_a_fault(text):
     """Whatever a frame holds, the stream gives an event or a stream error, never raises."""
@@ -148,7 +149,7 @@ def test_any_text_is_an_event_or_a_fault(text):
     assert event is not None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=50))
 def test_serialized_text_parses_back(value):
     element = ET.Element("{urn:t}v", {"a": value})
