@@ -19,7 +19,8 @@ PYTEST_ARGS ?= -n auto --dist loadgroup
 export REDIS_URL
 
 .PHONY: help run test test-fast coverage bench lint ruff imports services postgres browser \
-	xmpp-clients python-deps clean cluster-deps cluster cluster-stop test-cluster
+	xmpp-clients python-deps clean cluster-deps cluster cluster-stop test-cluster \
+	cluster-tests
 
 help:
 	@echo "make run    - set up and run the whole broker (admin :8000, SMQP :$${SMQP_PORT:-720})"
@@ -92,10 +93,14 @@ ruff: python-deps
 imports: python-deps
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: services postgres lint browser xmpp-clients
+# The suite, then the cluster's kill and partition tests (they need the whole machine: a
+# cluster of their own; CLUSTER_TESTS=0 leaves them out of an inner-loop run).
+CLUSTER_TESTS ?= 1
+test: services postgres lint browser xmpp-clients cluster-deps
 	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.
-	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
+	rc=0; $(PY) -m pytest $(PYTEST_ARGS) -m "not cluster" || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc
+	@if [ "$(CLUSTER_TESTS)" = 1 ]; then $(MAKE) --no-print-directory cluster-tests; fi
 
 # The cluster on one machine (docs/cluster.md): Patroni + etcd, Redis Sentinel, HAProxy and
 # PostgreSQL's server binaries from the OS packages; their own instances on a bridge address,
@@ -113,7 +118,9 @@ cluster-stop: python-deps
 	$(SUDO) $(PY) -m deploy.local down
 
 # Kill and partition tests on a cluster of their own (marker: cluster); it is removed after.
-test-cluster: cluster-deps lint
+test-cluster: cluster-deps lint cluster-tests
+
+cluster-tests:
 	rc=0; $(SUDO) $(PY) -m pytest -p no:xdist -m cluster tests/e2e/cluster $(CLUSTER_PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; exit $$rc
 
