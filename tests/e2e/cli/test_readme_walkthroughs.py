@@ -1,0 +1,191 @@
+"""The README's walkthroughs, followed step by step against a real broker, so the README
+cannot go stale.
+
+A walkthrough's blocks are marked in README.md with an HTML comment just before the fence:
+
+- ``<!-- walkthrough: NAME -->``: shell commands, run with ``bash -e`` in a fresh shell (a
+  new terminal: nothing exported by an earlier block carries over) from a working directory
+  laid out like a checkout after ``make run``: ``.venv`` (this interpreter's virtualenv),
+  ``manage.py`` and ``var/admin-password``;
+- ``<!-- walkthrough: NAME background -->``: a command that runs until stopped (a
+  subscriber): started in the background, the next step waits for its first line (on stdout
+  or stderr), and it is killed at the end;
+- ``<!-- walkthrough: NAME output -->``: what the previous command block prints on stdout;
+- ``<!-- walkthrough: NAME background-output -->``: what the background command prints; the
+  values that differ per run (``smuid``/``cmuid`` prefixes naming the server and session,
+  ``Created:`` times) are matched loosely, everything else exactly.
+
+The only thing changed in a block is the port the README names (``SMQP_PORT=7200``, and the
+like), replaced by the port of the test's listener.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, fresh_database, listener
+
+pytestmark = pytest.mark.e2e
+
+README = ROOT / "README.md"
+MARKER = re.compile(
+    r"^<!-- walkthrough: (?P<name>[\w-]+)(?: (?P<kind>[\w-]+))? -->\n+"
+    r"```[\w-]*\n(?P<body>.*?)^```", re.M | re.S)
+# Generous: the machine is shared; these bound a hang, they are not timing assertions.
+STEP_TIMEOUT = 180
+WAIT = 120
+
+
+@dataclass
+class Step:
+    kind: str  # "run", "background", "output", "background-output"
+    body: str
+
+
+def walkthrough(name: str) -> list[Step]:
+    steps = [Step(m["kind"] or "run", m["body"]) for m in MARKER.finditer(README.read_text())
+             if m["name"] == name]
+    assert steps, f"README.md has no blocks marked <!-- walkthrough: {name} -->"
+    return steps
+
+
+def loose_pattern(expected: str) -> re.Pattern:
+    """``expected`` as a regex over the output: smuid/cmuid keep their last part (the
+    number, the publisher's cmuid), ``Created:`` any time; the rest as written."""
+    lines = []
+    for line in expected.rstrip("\n").splitlines():
+        regex = ""
+        for part in re.split(r"((?:smuid|cmuid) \S+/|Created: \S+)", line.rstrip()):
+            if re.fullmatch(r"(?:smuid|cmuid) \S+/", part):
+                regex += re.escape(part.split()[0]) + r" \S+/"
+            elif part.startswith("Created: "):
+                regex += r"Created: \S+"
+            else:
+                regex += re.escape(part)
+        lines.append(regex + r"[ \t]*")
+    return re.compile(r"^" + r"\n".join(lines) + r"$", re.M)
+
+
+class Walker:
+    """Runs a walkthrough's blocks in ``workdir`` with the broker's environment (its
+    database and var directory; no port or password: the blocks set those)."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], ports: dict[str, int]):
+        self.workdir, self.env, self.ports = workdir, env, ports
+        self.background: list[tuple[subprocess.Popen, Path, Path]] = []
+
+    def script(self, body: str) -> str:
+        for variable, port in self.ports.items():
+            body = re.sub(rf"\b{variable}=\d+\b", f"{variable}={port}", body)
+        return body
+
+    def run(self, body: str) -> str:
+        result = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", self.script(body)], cwd=self.workdir,
+            env=self.env, capture_output=True, text=True, timeout=STEP_TIMEOUT,
+            stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, (
+            f"walkthrough step failed ({result.returncode}):\n{body}\n"
+            f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+        return result.stdout
+
+    def start(self, body: str) -> None:
+        n = len(self.background)
+        out, err = self.workdir / f"bg{n}.out", self.workdir / f"bg{n}.err"
+        with out.open("w") as o, err.open("w") as e:
+            proc = subprocess.Popen(
+                ["bash", "-e", "-o", "pipefail", "-c", self.script(body)], cwd=self.workdir,
+                env=self.env, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        self.background.append((proc, out, err))
+        deadline = time.monotonic() + WAIT
+        while not (out.read_text() or err.read_text()):
+            assert proc.poll() is None, f"{body} ended: {err.read_text()}"
+            assert time.monotonic() < deadline, f"{body} printed nothing"
+            time.sleep(0.1)
+
+    def wait_output(self, pattern: re.Pattern) -> None:
+        proc, out, err = self.background[-1]
+        deadline = time.monotonic() + WAIT
+        while not pattern.search(out.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"background step never printed {pattern.pattern!r}:\n"
+                f"stdout:\n{out.read_text()}\nstderr:\n{err.read_text()}")
+            time.sleep(0.1)
+
+    def follow(self, steps: list[Step]) -> None:
+        last = ""
+        for step in steps:
+            if step.kind == "run":
+                last = self.run(step.body)
+            elif step.kind == "background":
+                self.start(step.body)
+            elif step.kind == "output":
+                assert last.strip() == step.body.strip(), (
+                    f"README shows:\n{step.body}\nthe step printed:\n{last}")
+            elif step.kind == "background-output":
+                self.wait_output(loose_pattern(step.body))
+            else:
+                raise AssertionError(f"unknown walkthrough block kind {step.kind!r}")
+
+    def stop(self) -> None:
+        for proc, _, _ in self.background:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def checkout(base: Path) -> Path:
+    """A directory laid out as the README assumes (the project root after ``make run``):
+    ``.venv`` is this interpreter's virtualenv, ``manage.py`` the project's."""
+    workdir = base / "checkout"
+    (workdir / "var").mkdir(parents=True)
+    (workdir / ".venv").symlink_to(Path(sys.prefix))
+    (workdir / "manage.py").symlink_to(ROOT / "manage.py")
+    assert (workdir / ".venv" / "bin" / "smqp").exists(), "the smqp client is not installed"
+    return workdir
+
+
+@pytest.fixture
+def smqp_walker(tmp_path) -> Iterator[Walker]:
+    """A broker as ``make run`` leaves it: an empty database with the superuser ``admin``,
+    whose password is in ``var/admin-password``; and the listener on a free port."""
+    workdir = checkout(tmp_path)
+    with fresh_database("sqlite", tmp_path) as env:
+        password = secrets.token_urlsafe(12)
+        subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "shell", "--no-imports", "-c",
+             "from accounts.models import Account\n"
+             f"Account.objects.create_superuser('admin', '', {password!r})\n"],
+            env=env, cwd=ROOT, check=True, capture_output=True, timeout=300)
+        (workdir / "var" / "admin-password").write_text(password + "\n")
+        with listener(env, tmp_path, name="walkthrough") as broker:
+            walker = Walker(workdir, env, {"SMQP_PORT": broker.port})
+            try:
+                yield walker
+            finally:
+                walker.stop()
+
+
+def test_smqp_walkthrough(smqp_walker):
+    """Using SMQP over TCP: accounts, /news and its grants, a subscriber, a publish, the
+    subscriber's print-out."""
+    steps = walkthrough("smqp")
+    assert [s.kind for s in steps] == ["run", "background", "run", "output",
+                                      "background-output"]
+    smqp_walker.follow(steps)
