@@ -10,13 +10,15 @@ A walkthrough's blocks are marked in README.md with an HTML comment just before 
 - ``<!-- walkthrough: NAME background -->``: a command that runs until stopped (a
   subscriber): started in the background, the next step waits for its first line (on stdout
   or stderr), and it is killed at the end;
+- ``<!-- walkthrough: NAME fails -->``: commands whose last one must fail (non-zero exit);
 - ``<!-- walkthrough: NAME output -->``: what the previous command block prints on stdout;
 - ``<!-- walkthrough: NAME background-output -->``: what the background command prints; the
   values that differ per run (``smuid``/``cmuid`` prefixes naming the server and session,
   ``Created:`` times) are matched loosely, everything else exactly.
 
 The only thing changed in a block is the port the README names (``SMQP_PORT=7200``, and the
-like), replaced by the port of the test's listener.
+like), replaced by the port of the test's listener. GnuPG, where a walkthrough uses it, gets
+a keyring of the test's own (``GNUPGHOME``), not the user's.
 """
 
 from __future__ import annotations
@@ -24,17 +26,29 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, fresh_database, listener
+from tests.conftest import (
+    ROOT,
+    BrokerProcess,
+    fresh_database,
+    listener,
+    run_manage,
+    stop_listener,
+)
+from tests.e2e.qqp.test_qqp import start_qqp
+from tests.support.smqp_session import Session
 
 pytestmark = pytest.mark.e2e
 
@@ -90,13 +104,14 @@ class Walker:
             body = re.sub(rf"\b{variable}=\d+\b", f"{variable}={port}", body)
         return body
 
-    def run(self, body: str) -> str:
+    def run(self, body: str, fails: bool = False) -> str:
         result = subprocess.run(
             ["bash", "-e", "-o", "pipefail", "-c", self.script(body)], cwd=self.workdir,
             env=self.env, capture_output=True, text=True, timeout=STEP_TIMEOUT,
             stdin=subprocess.DEVNULL)
-        assert result.returncode == 0, (
-            f"walkthrough step failed ({result.returncode}):\n{body}\n"
+        assert (result.returncode != 0) == fails, (
+            f"walkthrough step {'succeeded' if fails else 'failed'} "
+            f"({result.returncode}):\n{body}\n"
             f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
         return result.stdout
 
@@ -129,6 +144,8 @@ class Walker:
         for step in steps:
             if step.kind == "run":
                 last = self.run(step.body)
+            elif step.kind == "fails":
+                last = self.run(step.body, fails=True)
             elif step.kind == "background":
                 self.start(step.body)
             elif step.kind == "output":
@@ -161,25 +178,30 @@ def checkout(base: Path) -> Path:
     return workdir
 
 
+@contextmanager
+def make_run_state(base: Path) -> Iterator[tuple[Path, dict[str, str], BrokerProcess]]:
+    """A broker as ``make run`` leaves it: an empty database with the superuser ``admin``,
+    whose password is in ``var/admin-password``, and the listener on a free port:
+    (the checkout, the broker's environment, the listener)."""
+    workdir = checkout(base)
+    with fresh_database("sqlite", base) as env:
+        password = secrets.token_urlsafe(12)
+        run_manage(env, "shell", "--no-imports", "-c",
+                   "from accounts.models import Account\n"
+                   f"Account.objects.create_superuser('admin', '', {password!r})\n")
+        (workdir / "var" / "admin-password").write_text(password + "\n")
+        with listener(env, base, name="walkthrough") as broker:
+            yield workdir, env, broker
+
+
 @pytest.fixture
 def smqp_walker(tmp_path) -> Iterator[Walker]:
-    """A broker as ``make run`` leaves it: an empty database with the superuser ``admin``,
-    whose password is in ``var/admin-password``; and the listener on a free port."""
-    workdir = checkout(tmp_path)
-    with fresh_database("sqlite", tmp_path) as env:
-        password = secrets.token_urlsafe(12)
-        subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), "shell", "--no-imports", "-c",
-             "from accounts.models import Account\n"
-             f"Account.objects.create_superuser('admin', '', {password!r})\n"],
-            env=env, cwd=ROOT, check=True, capture_output=True, timeout=300)
-        (workdir / "var" / "admin-password").write_text(password + "\n")
-        with listener(env, tmp_path, name="walkthrough") as broker:
-            walker = Walker(workdir, env, {"SMQP_PORT": broker.port})
-            try:
-                yield walker
-            finally:
-                walker.stop()
+    with make_run_state(tmp_path) as (workdir, env, broker):
+        walker = Walker(workdir, env, {"SMQP_PORT": broker.port})
+        try:
+            yield walker
+        finally:
+            walker.stop()
 
 
 def test_smqp_walkthrough(smqp_walker):
@@ -189,3 +211,40 @@ def test_smqp_walkthrough(smqp_walker):
     assert [s.kind for s in steps] == ["run", "background", "run", "output",
                                       "background-output"]
     smqp_walker.follow(steps)
+
+
+@pytest.fixture
+def gnupg_home() -> Iterator[Path]:
+    """A keyring of the test's own, at a short path (gpg-agent's socket lives there); its
+    agent is stopped afterwards."""
+    if shutil.which("gpg") is None:
+        pytest.fail("the QQP walkthrough uses GnuPG: install gpg")
+    home = Path(tempfile.mkdtemp(prefix="gpg-"))
+    home.chmod(0o700)
+    try:
+        yield home
+    finally:
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"],
+                       env={**os.environ, "GNUPGHOME": str(home)}, capture_output=True,
+                       timeout=60)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_qqp_walkthrough(tmp_path, gnupg_home):
+    """QQP ingestion: a topic, an account with a GnuPG key, a signed file stored, the same
+    file unsigned refused with the setting that would allow it named."""
+    steps = walkthrough("qqp")
+    assert [s.kind for s in steps] == ["run", "run", "output", "fails", "output"]
+    with make_run_state(tmp_path) as (workdir, env, broker):
+        qqp = start_qqp(env, tmp_path)
+        try:
+            walker = Walker(workdir, {**env, "GNUPGHOME": str(gnupg_home)},
+                            {"SMQP_PORT": broker.port, "SMQP_QQP_PORT": qqp.port})
+            walker.follow(steps)
+        finally:
+            walker.stop()
+            stop_listener(qqp)
+        with Session(broker.host, broker.port, "admin",
+                     (workdir / "var" / "admin-password").read_text().strip()) as admin:
+            reply = admin.command("COUNT MESSAGE /orders")
+            assert reply.code == 200 and reply.lines[-1].split()[-1] == "1", reply
