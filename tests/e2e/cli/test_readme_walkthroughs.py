@@ -42,6 +42,7 @@ import pytest
 from tests.conftest import (
     ROOT,
     BrokerProcess,
+    daphne,
     fresh_database,
     listener,
     run_manage,
@@ -174,6 +175,7 @@ def checkout(base: Path) -> Path:
     (workdir / "var").mkdir(parents=True)
     (workdir / ".venv").symlink_to(Path(sys.prefix))
     (workdir / "manage.py").symlink_to(ROOT / "manage.py")
+    (workdir / "tests").symlink_to(ROOT / "tests")
     assert (workdir / ".venv" / "bin" / "smqp").exists(), "the smqp client is not installed"
     return workdir
 
@@ -248,3 +250,22 @@ def test_qqp_walkthrough(tmp_path, gnupg_home):
                      (workdir / "var" / "admin-password").read_text().strip()) as admin:
             reply = admin.command("COUNT MESSAGE /orders")
             assert reply.code == 200 and reply.lines[-1].split()[-1] == "1", reply
+
+
+def test_xmpp_walkthrough(tmp_path):
+    """XMPP PubSub over WebSocket: the stanza example subscribes one account and publishes
+    as another; the subscriber prints the item."""
+    clients = ROOT / "tests" / "xmpp_clients" / "node_modules" / "stanza"
+    if shutil.which("node") is None or not clients.is_dir():
+        pytest.fail("the XMPP walkthrough needs node and the npm clients (make test runs "
+                    "npm ci in tests/xmpp_clients)")
+    steps = walkthrough("xmpp")
+    assert [s.kind for s in steps] == ["run", "background", "run", "output",
+                                      "background-output"]
+    with make_run_state(tmp_path) as (workdir, env, broker), daphne(env, tmp_path) as url:
+        walker = Walker(workdir, env, {"SMQP_PORT": broker.port,
+                                       "HTTP_PORT": int(url.rsplit(":", 1)[1])})
+        try:
+            walker.follow(steps)
+        finally:
+            walker.stop()
