@@ -269,3 +269,16 @@ def test_xmpp_walkthrough(tmp_path):
             walker.follow(steps)
         finally:
             walker.stop()
+
+
+def test_rest_walkthrough(tmp_path):
+    """REST API: an account, topics and a grant, a token from the password, a publish."""
+    steps = walkthrough("rest")
+    assert [s.kind for s in steps] == ["run", "run", "output"]
+    with make_run_state(tmp_path) as (workdir, env, broker), daphne(env, tmp_path) as url:
+        walker = Walker(workdir, env, {"SMQP_PORT": broker.port,
+                                       "HTTP_PORT": int(url.rsplit(":", 1)[1])})
+        try:
+            walker.follow(steps)
+        finally:
+            walker.stop()
