@@ -177,8 +177,9 @@ class QQPConsumer:
             except DatabaseError:
                 logger.warning("QQP: the store is unavailable for %s", self.peer, exc_info=True)
                 raise _Refused(4, "the store is unavailable; try again later") from None
-        if not qqp_resources.unsigned_allowed(self.address):
-            raise _Refused(5, "unsigned items are not accepted from this address")
+        refusal = qqp_resources.unsigned_refusal(self.address)
+        if refusal:
+            raise _Refused(5, refusal)
         if self._unsigned_account is None:
             try:
                 self._unsigned_account = await dbthread.run(qqp_resources.unsigned_account_id)
@@ -186,7 +187,8 @@ class QQPConsumer:
                 logger.warning("QQP: the store is unavailable for %s", self.peer, exc_info=True)
                 raise _Refused(4, "the store is unavailable; try again later") from None
             if self._unsigned_account is None:
-                raise _Refused(5, "unsigned items are not accepted")
+                raise _Refused(5, "unsigned items are not accepted (SMQP_QQP_UNSIGNED_ACCOUNT "
+                                  "names no active account)")
         return self._unsigned_account
 
     async def _publish_once(self, account_id: int, item: protocol.Item) -> int:

@@ -44,6 +44,18 @@ def unsigned_allowed(address: str) -> bool:
     return False
 
 
+def unsigned_refusal(address: str) -> str | None:
+    """Why an unsigned item from ``address`` is refused, naming the setting that decides;
+    None if it may be published (as :func:`unsigned_account_id`)."""
+    if not settings.SMQP_QQP_UNSIGNED_ACCOUNT:
+        return ("unsigned items are not accepted (SMQP_QQP_UNSIGNED_ACCOUNT is not set; "
+                "sign the item)")
+    if not unsigned_allowed(address):
+        return ("unsigned items are not accepted from this address (not on "
+                "SMQP_QQP_UNSIGNED_FROM; sign the item)")
+    return None
+
+
 def unsigned_account_id() -> int | None:
     """The id of the account unsigned items are published as, or None (no such account)."""
     name = settings.SMQP_QQP_UNSIGNED_ACCOUNT

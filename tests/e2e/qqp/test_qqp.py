@@ -157,7 +157,7 @@ def test_session_limit_and_unsigned_refusal(tmp_path):
     with qqp_broker("sqlite", tmp_path / "far", SMQP_QQP_UNSIGNED_FROM="10.0.0.0/8") as (
             smqp, qqp), QQPSender(qqp.host, qqp.port) as sender:
         code, text = sender.send(item("u-1"))
-        assert code == 5 and "unsigned" in text
+        assert code == 5 and "unsigned" in text and "SMQP_QQP_UNSIGNED_FROM" in text
         assert stored_rows(smqp.env) == []
 
 

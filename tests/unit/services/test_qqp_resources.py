@@ -55,3 +55,12 @@ def test_a_stale_claim_is_resolved_by_the_stored_message(monkeypatch):
                                                        b"x")])))
     QQPResource.objects.update(received=stale)
     assert qqp_resources.claim(root.pk, "gone") == published.smuid
+
+
+def test_unsigned_refusal_names_the_setting_that_decides(settings):
+    settings.SMQP_QQP_UNSIGNED_ACCOUNT = ""
+    settings.SMQP_QQP_UNSIGNED_FROM = "loopback"
+    assert "SMQP_QQP_UNSIGNED_ACCOUNT is not set" in qqp_resources.unsigned_refusal("127.0.0.1")
+    settings.SMQP_QQP_UNSIGNED_ACCOUNT = "feeder"
+    assert qqp_resources.unsigned_refusal("127.0.0.1") is None
+    assert "SMQP_QQP_UNSIGNED_FROM" in qqp_resources.unsigned_refusal("192.0.2.7")
