@@ -19,7 +19,7 @@ PYTEST_ARGS ?= -n auto --dist loadgroup
 export REDIS_URL
 
 .PHONY: help run test test-fast coverage bench lint ruff imports services postgres browser \
-	xmpp-clients python-deps clean cluster-deps cluster cluster-stop test-cluster \
+	xmpp-clients gnupg python-deps clean cluster-deps cluster cluster-stop test-cluster \
 	cluster-tests
 
 help:
@@ -73,6 +73,10 @@ browser:
 	@# Headless Chromium and its driver for the admin console's browser test (Debian packages).
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { echo "installing chromium"; $(call apt_install,chromium chromium-driver); }
 
+# GnuPG for the README's QQP walkthrough (a signing key made with gpg), run by the tests.
+gnupg:
+	@command -v gpg >/dev/null || { echo "installing gnupg"; $(call apt_install,gnupg); }
+
 # The XMPP door's independent clients (@xmpp/client, stanza), pinned by package-lock.json.
 xmpp-clients:
 	@command -v npm >/dev/null || { echo "installing Node.js and npm"; $(call apt_install,nodejs npm); }
@@ -96,7 +100,7 @@ imports: python-deps
 # The suite, then the cluster's kill and partition tests (they need the whole machine: a
 # cluster of their own; CLUSTER_TESTS=0 leaves them out of an inner-loop run).
 CLUSTER_TESTS ?= 1
-test: services postgres lint browser xmpp-clients cluster-deps
+test: services postgres lint browser xmpp-clients gnupg cluster-deps
 	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.
 	rc=0; $(PY) -m pytest $(PYTEST_ARGS) -m "not cluster" || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc
