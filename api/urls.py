@@ -13,6 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import views
+from .pullwait import PullWakeups
 
 
 class IdConverter:
@@ -62,6 +63,21 @@ def offthread(view_class: type, executor: ThreadPoolExecutor = VIEW_THREADS) -> 
     return entry
 
 
+def pull_entry(view_class: type) -> object:
+    """:func:`offthread` on the pull threads, with the event loop's dispatcher for the view
+    to wait on (:mod:`api.pullwait`)."""
+    entry = offthread(view_class, PULL_THREADS)
+
+    @csrf_exempt
+    async def pull(request, *args, **kwargs):
+        request.pull_wakeups = PullWakeups.here()
+        return await entry(request, *args, **kwargs)
+
+    pull.cls = entry.cls  # type: ignore[attr-defined]
+    pull.initkwargs = entry.initkwargs  # type: ignore[attr-defined]
+    return pull
+
+
 TOPIC = r"(?P<path>[\s\S]+?)"
 
 v1 = [
@@ -76,7 +92,7 @@ v1 = [
     path("messages/<id:smuid>/republish", offthread(views.RepublishView)),
     path("subscriptions/", offthread(views.SubscriptionsView)),
     path("subscriptions/<id:pk>", offthread(views.SubscriptionView)),
-    path("subscriptions/<id:pk>/pull", offthread(views.PullView, PULL_THREADS)),
+    path("subscriptions/<id:pk>/pull", pull_entry(views.PullView)),
     path("receipts/<str:receipt>/ack", offthread(views.AckView)),
     path("receipts/<str:receipt>/nack", offthread(views.NackView)),
     path("ual/entries/", offthread(views.EntriesView)),

@@ -44,7 +44,7 @@ from spark_jobs.models import UsageReport
 from topics.tree import Node
 from ual.resolution import AccessSnapshot, snapshot_for
 
-from . import pagination
+from . import pagination, pullwait
 from . import serializers as s
 from .authentication import Throttled, peer_of
 from .models import ApiToken, IdempotencyKey
@@ -469,7 +469,8 @@ class SubscriptionView(APIView):
 
 class PullView(APIView):
     """Runs outside the thread Django serves its other synchronous views on
-    (:func:`pull_entry`): a long poll here holds only its own thread."""
+    (:func:`api.urls.pull_entry`): a long poll here holds only its own thread, and waits
+    for the dispatcher's wake-up (:mod:`api.pullwait`)."""
 
     @extend_schema(request=s.PullRequestSerializer, responses=s.PullSerializer)
     def post(self, request: Request, pk: int) -> Response:
@@ -480,15 +481,18 @@ class PullView(APIView):
         pull_service.subscription_of(snap, pk)  # 404 before any wait
         deadline = time.monotonic() + min(data["wait_seconds"],
                                           settings.SMQP_API_PULL_MAX_WAIT)
-        pause = 0.05
-        while True:
-            got = pull_service.pull(snap, pk, data["max"])
-            if got or time.monotonic() >= deadline:
-                break
-            # Polls the store (a wake-up from the dispatch group would need a channel per
-            # waiting pull); the pause grows to 0.5 s so an idle long poll costs little.
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.5)
+        wakeups = getattr(request, "pull_wakeups", None)
+        watching = wakeups.watching if wakeups is not None else pullwait.no_wakeups
+        with watching(snap.account.pk) as woken:
+            while True:
+                woken.clear()  # before the look: a commit after it sets it again
+                got = pull_service.pull(snap, pk, data["max"])
+                remaining = deadline - time.monotonic()
+                if got or remaining <= 0:
+                    break
+                # Woken by a commit for the account; the store is also looked at now and
+                # then for what no commit announces (a lock that ran out).
+                woken.wait(min(settings.SMQP_API_PULL_POLL_SECONDS, remaining))
         # Handed out (each lock committed): the REST form of a NOTIFY MESSAGE, counted as
         # "deliver" with the listeners' ones.
         if got:

@@ -441,6 +441,10 @@ SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
 SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)
 # A pull waits at most this long for a message, whatever its wait_seconds (at most 20).
 SMQP_API_PULL_MAX_WAIT = float(os.environ.get("SMQP_API_PULL_MAX_WAIT", "20"))
+# A waiting pull wakes when a message is committed for its account (the dispatcher's
+# wake-ups); it also looks at the store this often, for what no commit announces (a lock
+# that ran out, a lost wake-up).
+SMQP_API_PULL_POLL_SECONDS = float(os.environ.get("SMQP_API_PULL_POLL_SECONDS", "2"))
 # Daphne's worker threads for REST requests, and apart from them for (long-polling) pulls.
 SMQP_API_THREADS = env_int("SMQP_API_THREADS", 8)
 SMQP_API_PULL_THREADS = env_int("SMQP_API_PULL_THREADS", 16)

@@ -171,7 +171,8 @@ class SMQPConsumer(AsyncConsumer):
         self._notify_task: asyncio.Task | None = None
         self.closing = False
         self._out = bytearray()
-        # Held while a reply is written in parts (GET MESSAGE): no notification in between.
+        # Held while a reply is written in parts (GET MESSAGE), or is not queued yet while
+        # the pump may already run (the login's): no notification before it ends.
         self._long_reply = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._last_activity = self._loop.time()
@@ -509,6 +510,14 @@ class SMQPConsumer(AsyncConsumer):
 
     async def _logged_in(self, account: Account, method: str) -> None:
         """Session set-up after a successful login; then the backlog is offered."""
+        # Once registered, a wake-up (or the backlog sweep) may start the pump while this
+        # still awaits the store: its NOTIFY would reach the client before the login reply
+        # (issue 34 item 13). The pump's _notify waits for this lock, then sends the queued
+        # reply ahead of the notification.
+        async with self._long_reply:
+            await self._log_in(account, method)
+
+    async def _log_in(self, account: Account, method: str) -> None:
         session = await dbthread.run(self._begin_session, account, method)
         self.account = account
         self.session = session

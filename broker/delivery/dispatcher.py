@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
@@ -148,6 +148,7 @@ class Dispatcher:
         # (account, smuid) ACKed here lately → when to forget it (see offer()).
         self._recent_acks: OrderedDict[tuple[int, int], float] = OrderedDict()
         self._sync_waiters: list[asyncio.Future] = []
+        self._watchers: defaultdict[int, set[Callable[[], None]]] = defaultdict(set)
         self._syncer: asyncio.Task | None = None
         # caught_up() callers: (journal records that must be applied, future).
         self._apply_waiters: list[tuple[int, asyncio.Future]] = []
@@ -191,6 +192,18 @@ class Dispatcher:
             if not live:
                 del self.sessions[session.account_id]
 
+    def watch(self, account_id: int, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (on this loop) whenever a message is offered to the account: a
+        door's waiter that is not a session (a REST long poll). Call from the loop only."""
+        self._watchers[account_id].add(wake)
+
+    def unwatch(self, account_id: int, wake: Callable[[], None]) -> None:
+        watchers = self._watchers.get(account_id)
+        if watchers is not None:
+            watchers.discard(wake)
+            if not watchers:
+                del self._watchers[account_id]
+
     def offer(self, items: Iterable[tuple[int, int, Iterable[int]]]) -> None:
         """(priority, smuid, accounts) → each live session of those accounts, but for an
         account a session here has ACKed it for lately. A wake-up may come after the ACK: a
@@ -198,8 +211,11 @@ class Dispatcher:
         offer it before its publish has been answered here; the subscriber may ACK it
         before the publish's wake-up comes."""
         recent = self._recent_acks
+        watchers = self._watchers
         for priority, smuid, accounts in items:
             for account_id in accounts:
+                for wake in tuple(watchers.get(account_id, ())):
+                    wake()
                 if recent and (account_id, smuid) in recent:
                     continue
                 for session in tuple(self.sessions.get(account_id, ())):
