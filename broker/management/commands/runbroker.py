@@ -6,6 +6,8 @@ child processes, and stops them all on Ctrl-C or SIGTERM (or when any one of the
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -31,6 +33,13 @@ def https_endpoint(host: str, port: int) -> str:
     return (f"ssl:port={port}:interface={_endpoint_escape(host)}"
             f":privateKey={_endpoint_escape(settings.SMQP_TLS_KEY)}"
             f":certKey={_endpoint_escape(settings.SMQP_TLS_CERT)}")
+
+
+def _die_with_parent() -> None:
+    """In each child, before exec: SIGTERM when runbroker dies, even by SIGKILL, so that no
+    listener outlives it holding its port (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 class Command(BaseCommand):
@@ -108,7 +117,8 @@ class Command(BaseCommand):
         try:
             for name, argv in children.items():
                 # Own process group: the terminal's Ctrl-C reaches us, and we stop them in order.
-                procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True)
+                procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True,
+                                               preexec_fn=_die_with_parent)
                 self.stdout.write(f"started {name} (pid {procs[name].pid})")
             smqp = []
             if settings.SMQP_PLAIN:

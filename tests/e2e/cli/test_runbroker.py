@@ -42,7 +42,7 @@ def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_pa
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "runbroker", "--http-port", str(http_port),
-             "--smqp-port", str(smqp_port)],
+             "--smqp-port", str(smqp_port), "--qqp-port", str(free_port())],
             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
     try:
@@ -51,7 +51,7 @@ def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_pa
                 f"http://127.0.0.1:{http_port}/admin/login/", timeout=2).read(),
             60, "the admin login page",
         )
-        assert b"Django" in page and b"csrfmiddlewaretoken" in page
+        assert b"SMQP broker" in page and b"csrfmiddlewaretoken" in page
         css = urllib.request.urlopen(
             f"http://127.0.0.1:{http_port}/static/admin/css/base.css", timeout=5)
         assert css.status == 200
@@ -84,7 +84,7 @@ def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
         port = busy.getsockname()[1]
         result = subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), "runbroker", "--smqp-port", str(port),
-             "--http-port", str(free_port())],
+             "--http-port", str(free_port()), "--qqp-port", str(free_port())],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
         )
     assert result.returncode != 0
