@@ -20,6 +20,10 @@ import websocket
 from scramp import ScramClient
 
 from tests.conftest import (
+    BrokerProcess,
+    fresh_listener,
+)
+from tests.conftest import (
     daphne as start_daphne,
 )
 from tests.support.timing import scaled
@@ -44,6 +48,22 @@ def daphne(env: dict[str, str], base: Path) -> Iterator[str]:
         url = http.replace("http://", "ws://", 1) + "/xmpp-websocket"
         url_log[url] = base / log_name
         yield url
+
+
+# The XMPP door's test settings: PLAIN on loopback, no lockout in the way of many logins, and
+# 4096 PBKDF2 rounds (the least a SCRAM client, scramp, accepts).
+XMPP_EXTRA = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "1000",
+              "SMQP_PBKDF2_ITERATIONS": "4096"}
+
+
+@contextmanager
+def xmpp_stack(backend: str, base: Path, setup: str) -> Iterator[tuple[BrokerProcess, str]]:
+    """A listener on a fresh database of ``backend``, ``setup`` run in it, and Daphne beside
+    it: (the listener, Daphne's ws:// URL)."""
+    with fresh_listener(backend, base, XMPP_EXTRA) as broker:
+        broker.manage("shell", "--no-imports", "-c", setup)
+        with daphne(broker.env, base) as url:
+            yield broker, url
 
 
 url_log: dict[str, Path] = {}

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import BrokerProcess, fresh_listener
-from tests.support.xmpp_session import FRAMING, XmppSession, daphne, url_log
+from tests.conftest import BrokerProcess
+from tests.support.xmpp_session import FRAMING, XmppSession, url_log, xmpp_stack
 
 from .test_xmpp import SETUP, create, ok, publish, subscribe
 
@@ -36,12 +36,8 @@ LIVE = ("from accounts.models import LoginSession as L\n"
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def xmpp(request, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     base = tmp_path_factory.mktemp("xmpp-drop")
-    extra = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "1000",
-             "SMQP_PBKDF2_ITERATIONS": "4096"}
-    with fresh_listener(request.param, base, extra) as broker:
-        broker.manage("shell", "--no-imports", "-c", SETUP)
-        with daphne(broker.env, base) as url:
-            yield broker, url
+    with xmpp_stack(request.param, base, SETUP) as stack:
+        yield stack
 
 
 def _closer(url: str, queue: str, errors: list[BaseException]) -> None:

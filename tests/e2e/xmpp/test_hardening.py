@@ -11,17 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import BrokerProcess, fresh_listener
+from tests.conftest import BrokerProcess
 from tests.e2e.xmpp.test_xmpp import create, ok, publish, session, subscribe
 from tests.support.xmpp_session import (
     CLIENT,
     PUBSUB,
     QUEUEING,
     STANZAS,
-    daphne,
     error_condition,
     stream_error_condition,
     tag,
+    xmpp_stack,
 )
 
 pytestmark = pytest.mark.e2e
@@ -45,12 +45,8 @@ for right in ('publish', 'subscribe'):
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def xmpp(request, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     base = tmp_path_factory.mktemp("xmpp-hard")
-    extra = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "1000",
-             "SMQP_PBKDF2_ITERATIONS": "4096"}
-    with fresh_listener(request.param, base, extra) as broker:
-        broker.manage("shell", "--no-imports", "-c", SETUP)
-        with daphne(broker.env, base) as url:
-            yield broker, url
+    with xmpp_stack(request.param, base, SETUP) as stack:
+        yield stack
 
 
 def node() -> str:

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 import websocket
 
-from tests.conftest import BrokerProcess, fresh_listener
-from tests.support.xmpp_session import CLIENT, EVENT, StreamEnded, XmppSession, daphne, tag
+from tests.conftest import BrokerProcess
+from tests.support.xmpp_session import CLIENT, EVENT, StreamEnded, XmppSession, tag, xmpp_stack
 
 from .test_xmpp import SETUP, create, ok, subscribe
 
@@ -33,12 +33,8 @@ ITEMS = 300
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def xmpp(request, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     base = tmp_path_factory.mktemp("xmpp-workers")
-    extra = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "1000",
-             "SMQP_PBKDF2_ITERATIONS": "4096"}
-    with fresh_listener(request.param, base, extra) as broker:
-        broker.manage("shell", "--no-imports", "-c", SETUP)
-        with daphne(broker.env, base) as url:
-            yield broker, url
+    with xmpp_stack(request.param, base, SETUP) as stack:
+        yield stack
 
 
 class Worker(threading.Thread):

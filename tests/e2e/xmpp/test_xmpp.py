@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import websocket
 
-from tests.conftest import BrokerProcess, fresh_listener
+from tests.conftest import BrokerProcess
 from tests.support.smqp_session import Session as SmqpSession
 from tests.support.smqp_session import smuid_of
 from tests.support.timing import scaled
@@ -27,10 +27,10 @@ from tests.support.xmpp_session import (
     QUEUEING,
     SASL,
     XmppSession,
-    daphne,
     error_condition,
     stream_error_condition,
     tag,
+    xmpp_stack,
 )
 
 pytestmark = pytest.mark.e2e
@@ -54,13 +54,8 @@ for right in ('publish', 'subscribe'):
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def xmpp(request, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     base = tmp_path_factory.mktemp("xmpp")
-    # 4096 PBKDF2 rounds: the least a SCRAM client (scramp) accepts.
-    extra = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "1000",
-             "SMQP_PBKDF2_ITERATIONS": "4096"}
-    with fresh_listener(request.param, base, extra) as broker:
-        broker.manage("shell", "--no-imports", "-c", SETUP)
-        with daphne(broker.env, base) as url:
-            yield broker, url
+    with xmpp_stack(request.param, base, SETUP) as stack:
+        yield stack
 
 
 def node() -> str:
