@@ -38,19 +38,25 @@ def set_detail(account: Account, field: str, value: str) -> None:
     setattr(account, attr, value)
 
 
+def set_checked_password(account: Account, password: str, *, what: str = "password") -> None:
+    """Django's password validators on ``password`` for ``account``, then set it (not saved):
+    400 naming the rule that refused it."""
+    if not password:
+        raise bad_request(f"empty {what}")
+    try:
+        validate_password(password, account)
+    except ValidationError as exc:
+        raise bad_request("; ".join(exc.messages)) from exc
+    account.set_password(password)
+
+
 @transaction.atomic
 def change_password(account: Account, old: str, new: str) -> None:
     """SET LOGIN PASSWORD, then ``PASS <old> <new>``: 401 when the old password is wrong."""
     fresh = Account.objects.select_for_update().get(pk=account.pk)
     if not fresh.check_password(old):
         raise unauthorized("old password is not correct")
-    if not new:
-        raise bad_request("empty new password")
-    try:
-        validate_password(new, fresh)
-    except ValidationError as exc:
-        raise bad_request("; ".join(exc.messages)) from exc
-    fresh.set_password(new)
+    set_checked_password(fresh, new, what="new password")
     fresh.save(update_fields=["password"])
     account.password = fresh.password
 
@@ -143,13 +149,7 @@ def create_account(username: str, password: str, *, email: str = "", proper_name
     account = Account(username=username, email=email, proper_name=proper_name,
                       is_superuser=superuser, is_staff=superuser,
                       is_remote_server=remote_server)
-    if not password:
-        raise bad_request("empty password")
-    try:
-        validate_password(password, account)
-    except ValidationError as exc:
-        raise bad_request("; ".join(exc.messages)) from exc
-    account.set_password(password)
+    set_checked_password(account, password)
     try:
         account.full_clean(exclude=["password", "username_key"])
     except ValidationError as exc:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import redis
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Group
-from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
@@ -31,6 +30,7 @@ from ual.audit import acting_as
 from ual.models import UALEntry
 from ual.resolution import snapshot_for
 
+from . import accounts as account_service
 from . import bad_request, conflict, not_found, notify, stats
 from . import federation as federation_service
 from . import topics as topic_service
@@ -280,13 +280,7 @@ def reset_password(actor: Account, name: str, password: str) -> None:
     """Set an account's password (the validators apply); its SMQP SCRAM verifier follows
     (accounts.scram derives it from the Django hash)."""
     account = Account.objects.select_for_update().filter(pk=find_account(name).pk).get()
-    if not password:
-        raise bad_request("empty password")
-    try:
-        validate_password(password, account)
-    except ValidationError as exc:
-        raise bad_request("; ".join(exc.messages)) from exc
-    account.set_password(password)
+    account_service.set_checked_password(account, password)
     account.save(update_fields=["password"])
     _audit(actor, account, CHANGE, "Password reset (api).")
 
