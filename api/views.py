@@ -179,7 +179,7 @@ class TokensView(APIView):
         failed SMQP logins are."""
         data = valid(s.TokenRequestSerializer, request.data)
         peer = peer_of(request)
-        throttle = auth_service.count_attempt(peer, data["username"])
+        throttle = auth_service.admit_attempt_blocking(peer, data["username"])
         if throttle.refused:
             raise Throttled()
         account = auth_service.check_clear_password(data["username"], data["password"])

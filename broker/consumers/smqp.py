@@ -433,7 +433,7 @@ class SMQPConsumer(AsyncConsumer):
             return
         username, method = self.pending_login
         if exchange.username is None:  # its first line: one attempt per exchange
-            throttle = await dbthread.run(auth_service.count_attempt, self.peer_host, username)
+            throttle = await auth_service.admit_attempt(self.peer_host, username)
             if throttle.refused:
                 self.pending_login = None
                 self.reply(401, "Unauthorized (too many failed logins; try again later)")
@@ -492,7 +492,7 @@ class SMQPConsumer(AsyncConsumer):
             return
         self.pending_login = None
         await self.flush()
-        throttle = await dbthread.run(auth_service.count_attempt, self.peer_host, username)
+        throttle = await auth_service.admit_attempt(self.peer_host, username)
         if throttle.refused:
             self.reply(401, "Unauthorized (too many failed logins; try again later)")
             return

@@ -368,7 +368,7 @@ class XMPPConsumer(AsyncConsumer):
     async def _refused(self, username: str) -> float | None:
         """Count this attempt (before any password check): None if it is refused (the
         failure is sent), else the delay to wait first."""
-        throttle = await dbthread.run(auth_service.count_attempt, self.peer_host, username)
+        throttle = await auth_service.admit_attempt(self.peer_host, username)
         if not throttle.refused:
             return throttle.delay
         self._reset_auth()

@@ -9,10 +9,12 @@ while; a good login clears only its own account's counts.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import ipaddress
 import ssl
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -23,6 +25,7 @@ from django.utils import timezone
 
 from accounts import scram
 from accounts.models import Account, LoginSession
+from broker.store import dbthread
 
 from . import events
 
@@ -120,6 +123,9 @@ def scram_server(server_cert: bytes | None = None, *, plus: bool = False) -> scr
 class Throttle:
     refused: bool
     delay: float
+    # Over the limit only while other attempts of the same pair are still being checked:
+    # their outcome may clear the count (a good login), so the door waits and asks again.
+    busy: bool = False
 
 
 # Bearer tokens name no account: guesses of them from one address share this pseudo-account.
@@ -132,6 +138,19 @@ def _pair_key(peer_host: str, username: str) -> str:
 
 def _account_key(username: str) -> str:
     return f"login-failures-account:{username.casefold()}"
+
+
+def _inflight_key(peer_host: str, username: str) -> str:
+    return f"login-inflight:{peer_host}:{username.casefold()}"
+
+
+def _uncount(key: str) -> None:
+    """Take one off ``key`` (never below 0); nothing if it expired."""
+    try:
+        if cache.decr(key) < 0:
+            cache.set(key, 0, settings.SMQP_LOGIN_LOCKOUT_SECONDS)
+    except ValueError:
+        pass
 
 
 def _count(key: str) -> int:
@@ -169,9 +188,51 @@ def count_attempt(peer_host: str, username: str) -> Throttle:
     Two counts: per (address, account), which slows down and then refuses one guesser; and
     per account from every address (a higher limit, ``SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_
     LOCKOUT``), which bounds guessing spread over many addresses."""
-    pair = _count(_pair_key(peer_host, username))
-    account = _count(_account_key(username))
-    return _throttle(pair - 1, account - 1)
+    pair_key, account_key = _pair_key(peer_host, username), _account_key(username)
+    pair = _count(pair_key)
+    account = _count(account_key)
+    throttle = _throttle(pair - 1, account - 1)
+    inflight_key = _inflight_key(peer_host, username)
+    if throttle.refused:
+        if cache.get(inflight_key, 0) > 0:
+            # Attempts of this pair are being checked: a burst of good logins of one account
+            # (workers reconnecting) must not refuse itself. This one gives its count back
+            # and waits (admit_attempt); parallel guesses stay bounded by the limit.
+            _uncount(pair_key)
+            _uncount(account_key)
+            return Throttle(refused=True, delay=0.0, busy=True)
+        return throttle
+    _count(inflight_key)
+    return throttle
+
+
+# How long an attempt over the limit waits for the attempts of its pair still being checked.
+ADMIT_WAIT_SECONDS = 10.0
+ADMIT_POLL_SECONDS = 0.05
+
+
+async def admit_attempt(peer_host: str, username: str) -> Throttle:
+    """:func:`count_attempt` from a door's event loop, waiting while it is only busy."""
+    deadline = time.monotonic() + ADMIT_WAIT_SECONDS
+    while True:
+        throttle = await dbthread.run(count_attempt, peer_host, username)
+        if not throttle.busy:
+            return throttle
+        if time.monotonic() >= deadline:
+            return Throttle(refused=True, delay=0.0)
+        await asyncio.sleep(ADMIT_POLL_SECONDS)
+
+
+def admit_attempt_blocking(peer_host: str, username: str) -> Throttle:
+    """:func:`admit_attempt` for a synchronous door (a REST view in its worker thread)."""
+    deadline = time.monotonic() + ADMIT_WAIT_SECONDS
+    while True:
+        throttle = count_attempt(peer_host, username)
+        if not throttle.busy:
+            return throttle
+        if time.monotonic() >= deadline:
+            return Throttle(refused=True, delay=0.0)
+        time.sleep(ADMIT_POLL_SECONDS)
 
 
 def token_throttle(peer_host: str) -> Throttle:
@@ -189,6 +250,7 @@ def record_token_failure(peer_host: str, token_prefix: str) -> None:
 
 def record_failure(peer_host: str, username: str) -> None:
     """A failed attempt (already counted by :func:`count_attempt`): the audit event."""
+    _uncount(_inflight_key(peer_host, username))
     failures = cache.get(_pair_key(peer_host, username), 0)
     events.record(
         "login_failed", account=username[:64], peer=peer_host, failures=failures
@@ -198,6 +260,7 @@ def record_failure(peer_host: str, username: str) -> None:
 def record_success(peer_host: str, username: str) -> None:
     """A good login clears its own account's counts and nobody else's (another account's
     good login from the same address does not give a guesser more tries)."""
+    _uncount(_inflight_key(peer_host, username))
     cache.delete_many([_pair_key(peer_host, username), _account_key(username)])
 
 

@@ -63,8 +63,10 @@ async def consumer(monkeypatch):
     dispatcher = LoginDispatcher()
     account = SimpleNamespace(pk=ACCOUNT, account_topic_path="/accounts/alice")
     monkeypatch.setattr(smqp_consumer, "get_dispatcher", lambda: dispatcher)
-    monkeypatch.setattr(auth_service, "throttle_for",
-                        lambda host: auth_service.Throttle(refused=False, delay=0.0))
+    async def admitted(host, user):
+        return auth_service.Throttle(refused=False, delay=0.0)
+
+    monkeypatch.setattr(auth_service, "admit_attempt", admitted)
     monkeypatch.setattr(auth_service, "check_clear_password", lambda user, secret: account)
     monkeypatch.setattr(SMQPConsumer, "_begin_session",
                         lambda self, account, method: SimpleNamespace(guid=GUID.decode()))
