@@ -51,6 +51,7 @@ def _closer(url: str, queue: str, errors: list[BaseException]) -> None:
         errors.append(exc)
 
 
+@pytest.mark.timeout(360)  # 50 streams and their logins, with the stack's start: a busy CI
 def test_streams_closed_right_after_close_end_their_sessions_and_lose_nothing(xmpp):
     broker, url = xmpp
     pub = XmppSession(url)
