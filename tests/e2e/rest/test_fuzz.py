@@ -15,6 +15,13 @@ from schemathesis import checks as base_checks
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi import checks as openapi_checks
 
+# Imported at collection, not lazily by the first from_url() in a test: pytest rewrites
+# schemathesis's modules (it is a pytest plugin) as they are imported, and CPython 3.11's AST
+# builder keeps its recursion depth per interpreter, not per thread (cpython#106905), so a
+# rewrite while an earlier test's threads (py4j's, Daphne's) build ASTs can fail with
+# "SystemError: AST constructor recursion depth mismatch", as it did once in CI.
+from schemathesis.specs.openapi import schemas as _openapi_schemas  # noqa: F401
+
 from tests.e2e.rest.test_api import SETUP
 from tests.support.api_stack import ApiStack, api_stack
 
