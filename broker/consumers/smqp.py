@@ -18,14 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
 from accounts.models import Account, LoginSession
-from accounts.scram import ScramError, ScramServer
 from broker.delivery import (
     GIVE_UP,
     LOCK_ENDED,
@@ -35,6 +33,7 @@ from broker.delivery import (
     Mailbox,
     get_dispatcher,
 )
+from broker.domain.login import State as LoginState
 from broker.services import ServiceError, conflict, freshness, notify, publish, read
 from broker.services import accounts as account_service
 from broker.services import ack as ack_service
@@ -42,6 +41,15 @@ from broker.services import auth as auth_service
 from broker.services import removal as removal_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
+from broker.services.login import (
+    AuthChecks,
+    Challenge,
+    LoggedIn,
+    LoginFlow,
+    LoginRefused,
+    Reason,
+    Reproved,
+)
 from broker.smqp import commands as c
 from broker.smqp.connection import CLOSED, NEED_DATA, ServerConnection
 from broker.smqp.errors import ProtocolError
@@ -66,6 +74,21 @@ logger = logging.getLogger("broker.smqp")
 PUBLISHES_PER_TURN = 32
 # Commands a client may send before it has logged in.
 BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit, c.RawLine)
+# Login refusals (broker.services.login) as replies, and the texts some commands give instead.
+LOGIN_REPLIES: dict[Reason | tuple[Reason, type], tuple[int, str]] = {
+    Reason.ALREADY_LOGGED_IN: (405, "Not allowed (already logged in)"),
+    Reason.METHOD: (405, "Not allowed (authentication method)"),
+    Reason.CLEAR_ON_PLAIN: (405, "Not allowed (CLEAR on plain TCP; use SMQPS or SCRAM-SHA-256)"),
+    (Reason.CLEAR_ON_PLAIN, c.Pass): (
+        405, "Not allowed (password in the clear on plain TCP; use SMQPS)"),
+    (Reason.CLEAR_ON_PLAIN, c.SetLogin): (
+        405, "Not allowed (new password on plain TCP; use SMQPS)"),
+    Reason.OUT_OF_ORDER: (400, "Bad request (no authentication exchange in progress)"),
+    (Reason.OUT_OF_ORDER, c.Pass): (400, "Bad request (PASS follows LOGIN ... CLEAR/1.0)"),
+    Reason.OTHER_ACCOUNT: (400, "Bad request (PASS names another account than LOGIN)"),
+    Reason.THROTTLED: (401, "Unauthorized (too many failed logins; try again later)"),
+    Reason.UNAUTHORIZED: (401, "Unauthorized"),
+}
 # Topic notifications kept for a session while it has notifications suspended.
 MAX_HELD_NOTIFICATIONS = 1000
 # Publishes of one session waiting for their commit before the session stops reading: a
@@ -141,13 +164,11 @@ class SMQPConsumer(AsyncConsumer):
         self.peer = f"{client[0]}:{client[1]}"
         self.account: Account | None = None
         self.session: LoginSession | None = None
-        self.pending_login: tuple[str, str] | None = None  # (username, method/version)
-        self.scram: ScramServer | None = None
-        self.password_change_pending = False
-        # SET LOGIN PASSWORD SCRAM-SHA-256: the exchange proves the old password, then one more
-        # raw line carries the new one (``new_verifier_pending``).
-        self.password_change_scram = False
-        self.new_verifier_pending = False
+        tls = self.scope.get("tls")
+        self.login = LoginFlow(
+            AuthChecks(self.peer_host, tls["server_cert"] if tls else None),
+            methods=auth_service.TLS_METHODS if tls else auth_service.SUPPORTED_METHODS,
+            clear_allowed=auth_service.clear_allowed(tls is not None, self.peer_host))
         self.suspended = False
         self._held: list[bytes] = []
         # Delivery: what waits, is in flight, is retried lives in the mailbox; this door
@@ -329,6 +350,8 @@ class SMQPConsumer(AsyncConsumer):
             await handler(command)
         except ServiceError as exc:
             self.reply(exc.code, exc.text)
+        except LoginRefused as exc:
+            self._login_refused(exc, command)
         except ProtocolError as exc:
             self.reply(exc.code, exc.text)
         except Exception:
@@ -393,120 +416,55 @@ class SMQPConsumer(AsyncConsumer):
     # ------------------------------------------------------------------------ login commands
 
     async def cmd_login(self, cmd: c.Login) -> None:
-        if self.account is not None:
-            self.reply(405, "Not allowed (already logged in)")
-            return
-        tls = self.scope.get("tls")
-        method = cmd.method.upper()
-        if not auth_service.is_supported_method(method, tls is not None):
-            self.pending_login = None
-            self.reply(405, "Not allowed (authentication method)")
-            return
-        if method == "CLEAR" and not auth_service.clear_allowed(tls is not None,
-                                                                self.peer_host):
-            self.pending_login = None
-            self.reply(405, "Not allowed (CLEAR on plain TCP; use SMQPS or SCRAM-SHA-256)")
-            return
-        # Profile §5: the same answer whether or not the account exists.
-        self.pending_login = (cmd.username, f"{method}/{cmd.version}")
-        if method in auth_service.SCRAM_METHODS:
-            self.scram = auth_service.scram_server(
-                tls["server_cert"] if tls else None, plus=method == "SCRAM-SHA-256-PLUS")
+        self.login.login(cmd.username, cmd.method, cmd.version)
+        if self.login.scram_expected:
             self.reply(200, "OK", "+ ")
             self.codec.expect_raw_line()
             return
-        self.scram = None
         self.reply(200, "OK")
 
     async def cmd_raw_line(self, cmd: c.RawLine) -> None:
         """One client line of a SCRAM-SHA-256(-PLUS) exchange (base64). The server answers
         ``+ <base64 server-first>``; after the client-final it sends ``+ <base64
-        server-final>`` followed at once by the login reply (or 401)."""
-        if self.new_verifier_pending:
-            self.new_verifier_pending = False
-            await self._call(account_service.set_password_verifier, self.account, cmd.text.strip())
+        server-final>`` followed at once by the login reply (or 401). After the exchange of
+        SET LOGIN PASSWORD SCRAM-SHA-256, one more line carries the new password (salted)."""
+        if self.login.state is LoginState.NEW_VERIFIER_EXPECTED:
+            self.login.new_verifier(cmd.text.strip())
+            await self.login.verify()
             self.reply(200, "OK")
             return
-        exchange, self.scram = self.scram, None
-        if exchange is None or self.pending_login is None:
-            self.reply(400, "Bad request (no authentication exchange in progress)")
-            return
-        username, method = self.pending_login
-        if exchange.username is None:  # its first line: one attempt per exchange
-            throttle = await auth_service.admit_attempt(self.peer_host, username)
-            if throttle.refused:
-                self.pending_login = None
-                self.reply(401, "Unauthorized (too many failed logins; try again later)")
-                return
         try:
-            data = base64.b64decode(cmd.text.strip(), validate=True)
-            answer = await database_sync_to_async(exchange.step, thread_sensitive=False)(data)
-            if exchange.username is None or exchange.username.casefold() != username.casefold():
-                raise ScramError("authentication failed")
-        except (ScramError, ValueError):
-            self.pending_login = None
-            self.password_change_scram = False
-            await dbthread.run(auth_service.record_failure, self.peer_host, username)
-            self.reply(401, "Unauthorized")
-            return
-        self._out += b"+ " + base64.b64encode(answer) + b"\r\n"
-        if not exchange.authenticated:
-            self.scram = exchange
+            data: bytes | None = base64.b64decode(cmd.text.strip(), validate=True)
+        except ValueError:
+            data = None  # the exchange fails (after its attempt is counted)
+        self.login.scram(data)
+        outcome = await self.login.verify()
+        assert isinstance(outcome, Challenge | Reproved | LoggedIn)
+        self._out += b"+ " + base64.b64encode(
+            outcome.data if isinstance(outcome, Challenge) else outcome.final or b"") + b"\r\n"
+        if not isinstance(outcome, LoggedIn):  # the client-final, or the new password next
             self.codec.expect_raw_line()
             return
-        self.pending_login = None
-        if self.password_change_scram:
-            # Old password proved: the next line is the new one (s=..,i=..,p=..).
-            self.password_change_scram = False
-            await dbthread.run(auth_service.record_success, self.peer_host, username)
-            self.new_verifier_pending = True
-            self.codec.expect_raw_line()
-            return
-        account = await dbthread.run(auth_service.find_account, username)
-        if account is None:  # removed in the middle of the exchange
-            self.reply(401, "Unauthorized")
-            return
-        await self._logged_in(account, method)
+        await self._logged_in(outcome.account, outcome.method)
 
     async def cmd_pass(self, cmd: c.Pass) -> None:
-        if self.password_change_pending:
-            self.password_change_pending = False
-            # The old and new passwords cross the wire as CLEAR's do, whatever the login
-            # method was (a SCRAM session too): the same rule applies.
-            if not auth_service.clear_allowed(self.scope.get("tls") is not None,
-                                              self.peer_host):
-                self.reply(405, "Not allowed (password in the clear on plain TCP; use SMQPS)")
-                return
-            await self._call(account_service.change_password, self.account, cmd.user, cmd.secret)
+        if self.login.state is LoginState.CHANGE_CLEAR:  # PASS <old> <new>
+            self.login.new_password(cmd.user, cmd.secret)
+            await self.login.verify()
             self.reply(200, "OK")
             return
-        if self.account is not None:
-            self.reply(405, "Not allowed (already logged in)")
-            return
-        if self.pending_login is None or not self.pending_login[1].startswith("CLEAR/"):
-            self.reply(400, "Bad request (PASS follows LOGIN ... CLEAR/1.0)")
-            return
-        username, method = self.pending_login
-        if cmd.user.casefold() != username.casefold():
-            self.reply(400, "Bad request (PASS names another account than LOGIN)")
-            return
-        self.pending_login = None
+        self.login.password(cmd.user, cmd.secret)
         await self.flush()
-        throttle = await auth_service.admit_attempt(self.peer_host, username)
-        if throttle.refused:
-            self.reply(401, "Unauthorized (too many failed logins; try again later)")
-            return
-        if throttle.delay:
-            await asyncio.sleep(throttle.delay)
-        # Password hashing is slow by design: run it off the shared database thread.
-        account = await database_sync_to_async(
-            auth_service.check_clear_password, thread_sensitive=False
-        )(username, cmd.secret)
-        if account is None:
-            await dbthread.run(auth_service.record_failure, self.peer_host, username)
-            self.reply(401, "Unauthorized")
-            return
-        await self._logged_in(account, method)
+        outcome = await self.login.verify()
+        assert isinstance(outcome, LoggedIn)
+        await self._logged_in(outcome.account, outcome.method)
+
+    def _login_refused(self, exc: LoginRefused, command: Any) -> None:
+        """The one place a login refusal becomes an SMQP reply (profile §5)."""
+        if exc.data is not None:  # the server-final went before the refusal
+            self._out += b"+ " + base64.b64encode(exc.data) + b"\r\n"
+        code, text = LOGIN_REPLIES.get((exc.reason, type(command)), LOGIN_REPLIES[exc.reason])
+        self.reply(code, text)
 
     async def _logged_in(self, account: Account, method: str) -> None:
         """Session set-up after a successful login; then the backlog is offered."""
@@ -548,7 +506,6 @@ class SMQPConsumer(AsyncConsumer):
         # made or removed by another process), not only after this process's next poll of
         # the shared generations (SMQP_CACHE_POLL_SECONDS): they are read now.
         freshness.caches_were_stale()
-        auth_service.record_success(self.peer_host, account.username)
         return auth_service.begin_session(account, peer=self.peer, method=method)
 
     # ------------------------------------------------------------------------ session commands
@@ -623,26 +580,12 @@ class SMQPConsumer(AsyncConsumer):
 
     async def cmd_set_login(self, cmd: c.SetLogin) -> None:
         if cmd.field == "PASSWORD":
-            method = cmd.value.partition("/")[0].upper()
-            tls = self.scope.get("tls")
-            if method in auth_service.SCRAM_METHODS and auth_service.is_supported_method(
-                    method, tls is not None):
-                # The new password's salted key crosses the wire as CLEAR's PASS does.
-                if not auth_service.clear_allowed(tls is not None, self.peer_host):
-                    self.reply(405, "Not allowed (new password on plain TCP; use SMQPS)")
-                    return
-                self.pending_login = (self.account.username, f"{method}/1.0")
-                self.password_change_scram = True
-                self.scram = auth_service.scram_server(
-                    tls["server_cert"] if tls else None, plus=method == "SCRAM-SHA-256-PLUS")
+            self.login.change_password(cmd.value.partition("/")[0])
+            if self.login.scram_expected:  # the old password proved first
                 self.reply(200, "OK", "+ ")
                 self.codec.expect_raw_line()
                 return
-            if method != "CLEAR":
-                self.reply(405, "Not allowed (authentication method)")
-                return
-            self.password_change_pending = True
-            self.reply(200, "OK")
+            self.reply(200, "OK")  # PASS <old> <new> next
             return
         await self._call(account_service.set_detail, self.account, cmd.field, cmd.value)
         self.reply(200, "OK")

@@ -82,7 +82,7 @@ async def consumer(monkeypatch):
     session.base_send = send
     await session.smqp_connect({"type": "smqp.connect"})
     written.clear()  # the greeting
-    session.pending_login = ("alice", "CLEAR/1.0")  # as after LOGIN alice CLEAR/1.0
+    session.login.login("alice", "CLEAR", "1.0")  # as after LOGIN alice CLEAR/1.0
     session.written = written
     yield session, dispatcher
     for handle in (session._watchdog, session._retry):
