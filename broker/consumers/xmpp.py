@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
 from accounts.models import Account, LoginSession
-from accounts.scram import ScramError, ScramServer
 from broker.delivery import NEED_PAGE, Dispatcher, Mailbox, get_dispatcher
+from broker.domain.login import State as LoginState
 from broker.domain.values import TopicPattern
 from broker.services import ServiceError, freshness, notify, publish, read
 from broker.services import ack as ack_service
@@ -47,6 +46,7 @@ from broker.services import pubsub as pubsub_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.services.deliveries import NO_PRIORITY
+from broker.services.login import AuthChecks, Challenge, LoggedIn, LoginFlow, LoginRefused, Reason
 from broker.services.selectors import SelectorError
 from broker.store import dbthread
 from broker.xmpp import payload as xpayload
@@ -69,6 +69,13 @@ MAX_OUTSTANDING_PUBLISHES = 1024
 CONDITIONS = {400: "bad-request", 401: "forbidden", 403: "forbidden", 404: "item-not-found",
               405: "not-allowed", 409: "conflict", 414: "not-acceptable",
               510: "resource-constraint"}
+# Login refusals (broker.services.login) as SASL failures (condition, text); else "aborted".
+SASL_FAILURES = {
+    Reason.THROTTLED: ("temporary-auth-failure", "too many failed logins; try again later"),
+    Reason.UNAUTHORIZED: ("not-authorized",),
+    Reason.METHOD: ("invalid-mechanism",),
+    Reason.CLEAR_ON_PLAIN: ("invalid-mechanism",),
+}
 RESOURCE_OK = re.compile(r"^[^\s/@<>&'\"]{1,64}$")
 
 
@@ -170,8 +177,8 @@ class XMPPConsumer(AsyncConsumer):
         self.account_id = 0
         self.session: LoginSession | None = None
         self.jid = ""
-        self.scram: ScramServer | None = None
-        self.plain_pending = False
+        self.login = LoginFlow(AuthChecks(self.peer_host), methods=mechanisms,
+                               clear_allowed="PLAIN" in mechanisms)
         self.dispatcher: Dispatcher | None = None
         self.mailbox = Mailbox(settings.SMQP_BACKLOG_PAGE)
         self.available = True
@@ -354,108 +361,71 @@ class XMPPConsumer(AsyncConsumer):
     # ------------------------------------------------------------------ SASL
 
     def _reset_auth(self) -> None:
-        self.scram = None
-        self.plain_pending = False
+        self.login.abort()
         self.stream.sasl_failed()
 
-    async def _auth_failed(self, username: str, condition: str = "not-authorized",
-                           record: bool = True) -> None:
-        self._reset_auth()
-        if record:
-            await dbthread.run(auth_service.record_failure, self.peer_host, username)
-        await self._write(s.sasl_failure(condition))
+    async def _auth_failed(self, condition: str, text: str = "") -> None:
+        self._reset_auth()  # after a failed check the login stays FAILED / LOCKED
+        await self._write(s.sasl_failure(condition, text))
 
-    async def _refused(self, username: str) -> float | None:
-        """Count this attempt (before any password check): None if it is refused (the
-        failure is sent), else the delay to wait first."""
-        throttle = await auth_service.admit_attempt(self.peer_host, username)
-        if not throttle.refused:
-            return throttle.delay
-        self._reset_auth()
-        await self._write(s.sasl_failure("temporary-auth-failure",
-                                         "too many failed logins; try again later"))
-        return None
+    async def _refused(self, exc: LoginRefused) -> None:
+        """The one place a login refusal becomes a SASL failure (XMPP-PROFILE §2)."""
+        await self._auth_failed(*SASL_FAILURES.get(exc.reason, ("aborted",)))
 
     async def _auth_start(self, event: xs.AuthStart) -> None:
-        if event.mechanism == "PLAIN":
+        try:
+            self.login.mechanism(event.mechanism)
             if event.initial is None:
-                self.plain_pending = True
                 await self._write(s.sasl_challenge(b""))
-                return
-            await self._plain(event.initial)
-            return
-        self.scram = auth_service.scram_server(None)
-        if event.initial is None:
-            await self._write(s.sasl_challenge(b""))
-            return
-        await self._scram_step(event.initial)
+            elif event.mechanism == "PLAIN":
+                await self._plain(event.initial)
+            else:
+                await self._scram_step(event.initial)
+        except LoginRefused as exc:
+            await self._refused(exc)
 
     async def _auth_response(self, data: bytes) -> None:
-        if self.plain_pending:
-            self.plain_pending = False
-            await self._plain(data)
-        elif self.scram is not None:
-            await self._scram_step(data)
-        else:
-            self._reset_auth()
-            await self._write(s.sasl_failure("aborted"))
+        try:
+            if self.login.state is LoginState.PLAIN_EXPECTED:
+                await self._plain(data)
+            elif self.login.scram_expected:
+                await self._scram_step(data)
+            else:
+                await self._auth_failed("aborted")
+        except LoginRefused as exc:
+            await self._refused(exc)
 
     async def _plain(self, data: bytes) -> None:
         parts = data.split(b"\0")
         if len(parts) != 3:
-            await self._auth_failed("", "malformed-request", record=False)
+            await self._auth_failed("malformed-request")
             return
         try:
             authzid, username, password = (p.decode("utf-8") for p in parts)
         except UnicodeDecodeError:
-            await self._auth_failed("", "malformed-request", record=False)
+            await self._auth_failed("malformed-request")
             return
         if authzid and authzid.casefold() not in (username.casefold(),
                                                   f"{username}@{self.domain}".casefold()):
-            await self._auth_failed(username, "invalid-authzid")
+            await self._auth_failed("invalid-authzid")
             return
-        delay = await self._refused(username)
-        if delay is None:
-            return
-        if delay:
-            await asyncio.sleep(delay)
-        # Password hashing is slow by design: off the shared database thread.
-        account = await database_sync_to_async(
-            auth_service.check_clear_password, thread_sensitive=False)(username, password)
-        if account is None:
-            await self._auth_failed(username)
-            return
-        await self._auth_succeeded(account, "PLAIN", None)
+        self.login.password(username, password)
+        await self._verify()
 
     async def _scram_step(self, data: bytes) -> None:
-        exchange = self.scram
-        assert exchange is not None
-        first = exchange.username is None
-        try:
-            answer = await database_sync_to_async(exchange.step, thread_sensitive=False)(data)
-        except ScramError:
-            await self._auth_failed(exchange.username or "")
-            return
-        # The client-first names the account; the password is proved in the next step.
-        if first and exchange.username is not None and await self._refused(
-                exchange.username) is None:
-            return
-        if not exchange.authenticated:
-            await self._write(s.sasl_challenge(answer))
-            return
-        account = await dbthread.run(auth_service.find_account, exchange.username or "")
-        if account is None:  # removed during the exchange
-            await self._auth_failed(exchange.username or "")
-            return
-        await self._auth_succeeded(account, "SCRAM-SHA-256", answer)
+        self.login.scram(data)
+        await self._verify()
 
-    async def _auth_succeeded(self, account: Account, method: str, final: bytes | None) -> None:
-        self.scram = None
-        self.authenticated = account
-        self._method = method
-        await dbthread.run(auth_service.record_success, self.peer_host, account.username)
+    async def _verify(self) -> None:
+        outcome = await self.login.verify()
+        if isinstance(outcome, Challenge):
+            await self._write(s.sasl_challenge(outcome.data))
+            return
+        assert isinstance(outcome, LoggedIn)
+        self.authenticated = outcome.account
+        self._method = outcome.method
         self.stream.authenticated()
-        await self._write(s.sasl_success(final))
+        await self._write(s.sasl_success(outcome.final))
 
     # ------------------------------------------------------------------ stanzas
 

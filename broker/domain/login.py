@@ -227,8 +227,9 @@ _CHANGE: dict[type | tuple[type, str], State] = {
 
 EVENT_TRIGGERED_TRANSITIONS: dict[State, dict[type | tuple[type, str], State]] = {
     State.START: dict(_BEGIN),
-    State.FAILED: dict(_BEGIN),
-    State.LOCKED: dict(_BEGIN),
+    # Nothing in progress to abort: the outcome of the last attempt stays.
+    State.FAILED: {**_BEGIN, Abort: State.FAILED},
+    State.LOCKED: {**_BEGIN, Abort: State.LOCKED},
     State.USER_GIVEN: {**_BEGIN, Pass: State.CHECKING},
     State.PLAIN_EXPECTED: {Pass: State.CHECKING, Abort: State.START},
     State.SCRAM_STARTED: {ClientFirst: State.CHECKING, Abort: State.START},
