@@ -85,6 +85,8 @@ LOGIN_REPLIES: dict[Reason | tuple[Reason, type], tuple[int, str]] = {
         405, "Not allowed (new password on plain TCP; use SMQPS)"),
     Reason.OUT_OF_ORDER: (400, "Bad request (no authentication exchange in progress)"),
     (Reason.OUT_OF_ORDER, c.Pass): (400, "Bad request (PASS follows LOGIN ... CLEAR/1.0)"),
+    (Reason.ALREADY_LOGGED_IN, c.RawLine): (
+        400, "Bad request (no authentication exchange in progress)"),
     Reason.OTHER_ACCOUNT: (400, "Bad request (PASS names another account than LOGIN)"),
     Reason.THROTTLED: (401, "Unauthorized (too many failed logins; try again later)"),
     Reason.UNAUTHORIZED: (401, "Unauthorized"),
