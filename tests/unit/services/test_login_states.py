@@ -184,6 +184,14 @@ async def clear_login(flow: LoginFlow, user: str = "alice", password: str = "sec
     return await flow.verify()
 
 
+async def send_client_final(flow: LoginFlow, client: ScramClient) -> None:
+    """Run the exchange up to the client-final, which the caller then has checked."""
+    flow.scram(client.first())
+    challenge = await flow.verify()
+    assert isinstance(challenge, Challenge)
+    flow.scram(client.final(challenge.data))
+
+
 async def refused(coro_or_call) -> Reason:
     with pytest.raises(LoginRefused) as caught:
         await coro_or_call
@@ -338,9 +346,7 @@ async def test_scram_wrong_password_is_a_recorded_failure():
     flow = smqp(checks)
     flow.login("alice", "SCRAM-SHA-256", "1.0")
     client = ScramClient("alice", "wrong")
-    flow.scram(client.first())
-    challenge = await flow.verify()
-    flow.scram(client.final(challenge.data))
+    await send_client_final(flow, client)
     assert await refused(flow.verify()) is Reason.UNAUTHORIZED
     assert flow.state is State.FAILED
     assert checks.calls[-1] == ("failed", "alice")
@@ -389,9 +395,7 @@ async def test_an_account_removed_during_the_exchange_fails_after_the_server_fin
     flow = smqp(checks)
     flow.login("alice", "SCRAM-SHA-256", "1.0")
     client = ScramClient("alice", "secret")
-    flow.scram(client.first())
-    challenge = await flow.verify()
-    flow.scram(client.final(challenge.data))
+    await send_client_final(flow, client)
     checks.passwords.clear()
     with pytest.raises(LoginRefused) as caught:
         await flow.verify()
@@ -523,9 +527,7 @@ async def test_a_failed_scram_proof_of_the_old_password_keeps_the_session():
     flow = await logged_in_flow(checks)
     flow.change_password("SCRAM-SHA-256")
     client = ScramClient("alice", "wrong")
-    flow.scram(client.first())
-    challenge = await flow.verify()
-    flow.scram(client.final(challenge.data))
+    await send_client_final(flow, client)
     assert await refused(flow.verify()) is Reason.UNAUTHORIZED
     assert flow.state is State.AUTHENTICATED and flow.logged_in
     assert checks.calls[-1] == ("failed", "alice")
