@@ -32,7 +32,6 @@ from . import events
 SUPPORTED_METHODS = ("CLEAR", "SCRAM-SHA-256")
 # Offered on TLS only: the exchange is bound to the server's certificate (profile §9.4).
 TLS_METHODS = (*SUPPORTED_METHODS, "SCRAM-SHA-256-PLUS")
-SCRAM_METHODS = ("SCRAM-SHA-256", "SCRAM-SHA-256-PLUS")
 
 # A valid hash of a random password, checked when the account does not exist so that an
 # unknown account costs the same time as a wrong password (no enumeration by timing).
@@ -44,10 +43,6 @@ def _dummy_hash() -> str:
     if _DUMMY_HASH is None:
         _DUMMY_HASH = make_password(None)
     return _DUMMY_HASH
-
-
-def is_supported_method(method: str, tls: bool = False) -> bool:
-    return method.upper() in (TLS_METHODS if tls else SUPPORTED_METHODS)
 
 
 def clear_allowed(tls: bool, peer_host: str) -> bool:
