@@ -42,10 +42,9 @@ from topics.models import Topic
 from topics.tree import Node
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, bad_request, conflict, not_found, notify
+from . import ServiceError, bad_request, conflict, not_found, notify, too_large
 from . import topics as topic_service
 from .deliveries import effective, receive_right
-from .prepare import too_large
 from .publish import Published, publish_prepared
 
 ORIGIN = "X-Origin"

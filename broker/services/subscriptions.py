@@ -23,12 +23,22 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, current_generation, snapshot_for_id
 
-from . import ServiceError, bad_request, events, federation, not_found, notify, unauthorized
+from . import (
+    Refusal,
+    ServiceError,
+    bad_request,
+    events,
+    federation,
+    max_quantity,
+    not_found,
+    notify,
+    too_large,
+    unauthorized,
+)
 from . import topics as topic_service
 from .deliveries import is_peer, receive_right
 from .freshness import answer_from_fresh_caches
 from .selectors import (
-    NO_SUCH_SUBSCRIPTION,
     Selector,
     canonical_class,
     compile_selector,
@@ -43,13 +53,13 @@ WIRE_NAME = {R.MESSAGE: "MESSAGE", R.TOPIC: "TOPIC", R.SUBSCRIBERS: "SUB",
 
 
 def _too_many(reason: str) -> ServiceError:
-    return ServiceError(510, f"Maximum quantity exceeded ({reason})")
+    return max_quantity(reason)
 
 
 def _check_limits(account_id: int, adding: int) -> None:
     total = Subscription.objects.filter(account_id=account_id).count()
     if total + adding > settings.SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT:
-        raise ServiceError(414, "Resource too large (cannot subscribe to any more)")
+        raise too_large("cannot subscribe to any more")
 
 
 @answer_from_fresh_caches
@@ -211,7 +221,7 @@ def unsubscribe(snapshot: AccessSnapshot, resource: str,
         qs = qs.filter(resource=resource, pattern_key=str(pattern).casefold(),
                        selector_key=selector_key(cls, selector[1].strip()))
         if not qs.exists():
-            raise ServiceError(NO_SUCH_SUBSCRIPTION, "No such subscription")
+            raise ServiceError(Refusal.NO_SUCH_SUBSCRIPTION)
     if resource != "*":
         qs = qs.filter(resource=resource)
     if resource == R.SERVER:

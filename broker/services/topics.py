@@ -22,7 +22,15 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, level_keys, snapshot_for_id
 
-from . import ServiceError, conflict, not_allowed, not_found, notify, unauthorized
+from . import (
+    bad_request,
+    conflict,
+    not_allowed,
+    not_found,
+    notify,
+    too_large,
+    unauthorized,
+)
 from .freshness import answer_from_fresh_caches
 
 TRASH = "trash"
@@ -267,7 +275,7 @@ def create_topic(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...] 
         raise unauthorized(f"no subscribe right on {link.path}")
     siblings = Topic.objects.filter(parent=parent).count()
     if siblings >= settings.SMQP_MAX_CHILD_TOPICS:
-        raise ServiceError(414, "Resource too large (too many topics for parent topic)")
+        raise too_large("too many topics for parent topic")
     try:
         with transaction.atomic():
             topic = Topic.objects.create(path=path, parent=parent, link=link)
@@ -435,14 +443,14 @@ def set_parameters(snapshot: AccessSnapshot, path: str, changes: dict) -> Topic:
     fields = []
     for name, value in changes.items():
         if name not in PARAMETERS:
-            raise ServiceError(400, f"Bad request (no parameter {name})")
+            raise bad_request(f"no parameter {name}")
         if name == "delivery_mode":
             if value not in Topic.DeliveryMode.values:
-                raise ServiceError(400, "Bad request (delivery mode is fanout or queue)")
+                raise bad_request("delivery mode is fanout or queue")
         elif value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                     or value < (-1 if name == "expiry_timeout" else 0)
                                     or value > 2**31 - 1):
-            raise ServiceError(400, f"Bad request ({name} out of range)")
+            raise bad_request(f"{name} out of range")
         setattr(topic, name, value)
         fields.append(name)
     if fields:
