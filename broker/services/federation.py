@@ -209,9 +209,7 @@ def _ensure_topic(path: str) -> Topic | Node:
         found = topic_service.find(sub)
         if found is None:
             try:
-                with transaction.atomic():
-                    found = Topic.objects.create(path=sub, parent=parent)
-                topic_service._notify_topic(found, "ADDED")
+                found = topic_service.create_for_server(sub, parent)
             except IntegrityError:  # made concurrently by another link
                 found = topic_service.find(sub)
         if found is None or found.state != Topic.State.ACTIVE:

@@ -87,7 +87,7 @@ def covered_topics(snapshot: AccessSnapshot, sub: Subscription) -> dict[int, Nod
     pattern = TopicPattern(sub.pattern[:-2], True) if sub.is_wildcard else \
         TopicPattern(sub.pattern, False)
     try:
-        matched = topic_service._matching(snapshot, pattern)
+        matched = topic_service.matching_topics(snapshot, pattern)
     except ServiceError:
         return {}
     return {t.resolved().pk: t.resolved() for t in matched

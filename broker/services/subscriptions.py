@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from broker.domain.values import TopicPattern
@@ -87,7 +86,7 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
         # Below a federation link's root, the topic may not be here before its first message.
         federation.make_link_topic(snapshot, pattern.base)
     if pattern.wildcard:
-        matched = topic_service._matching(snapshot, pattern)
+        matched = topic_service.matching_topics(snapshot, pattern)
     else:
         matched = [topic_service.visible_node(snapshot, pattern.base)]
     if resource == R.MESSAGE:
@@ -268,7 +267,7 @@ def _announce_removed(snapshot: AccessSnapshot, removed: list[Subscription]) -> 
             patt = TopicPattern(sub.pattern[:-2], True) if sub.is_wildcard else \
                 TopicPattern(sub.pattern, False)
             try:
-                for t in topic_service._matching(snapshot, patt):
+                for t in topic_service.matching_topics(snapshot, patt):
                     message_topics[t.pk] = t
             except ServiceError:
                 pass  # the topic is gone or hidden now: nobody to tell
@@ -354,7 +353,7 @@ def _announce_ended(account_id: int, pattern: str) -> None:
     base = pattern[:-2] if wildcard else pattern
     try:
         if wildcard:
-            covered = topic_service._matching(snapshot_for_id(account_id),
+            covered = topic_service.matching_topics(snapshot_for_id(account_id),
                                               TopicPattern(base, True))
         else:
             found = topic_service.node(base)
@@ -369,7 +368,7 @@ def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
     base_path = pattern[:-2] if wildcard else pattern
     base = topic_service.node(base_path)
     if base is None:
-        return True  # gone (REMOVE TOPIC ends those: end_removed) or not there yet
+        return True  # gone (REMOVE TOPIC ends those: .topics.remove_topic) or not there yet
     # As subscribe() decides: the subscribe right, or for a peer server the remote right.
     rights = {Right.SUBSCRIBE, receive_right(snapshot.account)}
 
@@ -381,26 +380,7 @@ def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
     if not wildcard:
         return False
     try:
-        below = topic_service._matching(snapshot, TopicPattern(base_path, True))
+        below = topic_service.matching_topics(snapshot, TopicPattern(base_path, True))
     except ServiceError:
         return False
     return any(allowed(t) for t in below)
-
-
-def end_removed(topic_keys: list[str]) -> int:
-    """REMOVE TOPIC: the MESSAGE subscriptions on these topics (by name; each with its
-    subtree, ``/t/*`` included) end, inside the caller's transaction; their accounts are
-    told once it commits. Wildcards above a removed topic stay (they cover others).
-    Returns how many ended."""
-    if not topic_keys:
-        return 0
-    named = Q()
-    for key in topic_keys:
-        named |= Q(pattern_key=key) | Q(pattern_key__startswith=key + "/")
-    ended = list(Subscription.objects.filter(named, resource=R.MESSAGE)
-                 .values_list("pk", "account_id", "pattern"))
-    Subscription.objects.filter(pk__in=[pk for pk, _, _ in ended]).delete()
-    for _, account_id, pattern in ended:
-        notify.send_after_commit(
-            [account_id], notify.subscription_cancelled_event(pattern, notify.REMOVED))
-    return len(ended)
