@@ -29,7 +29,7 @@ from broker.domain.values import SmuidSet, parse_topic_pattern, validate_topic
 from broker.models import Link, Subscription, selector_key
 from broker.services import accounts as account_service
 from broker.services import auth as auth_service
-from broker.services import bad_request, federation, not_found, notify, operations, ual_entries
+from broker.services import bad_request, federation, not_found, operations, ual_entries
 from broker.services import publish as publish_service
 from broker.services import pull as pull_service
 from broker.services import read as read_service
@@ -387,7 +387,6 @@ class RepublishView(APIView):
     def post(self, request: Request, smuid: int) -> Response:
         """REPUBLISH MESSAGE from its topic's Trash."""
         published = publish_service.republish_message(snapshot(request), smuid)
-        notify.messages_committed([published])
         return Response({"smuid": published.smuid, "topic": published.topic_path,
                          "cmuid": ""}, status=status.HTTP_201_CREATED)
 
@@ -509,9 +508,8 @@ class AckView(APIView):
     @extend_schema(parameters=[RECEIPT_PARAM], request=None, responses={204: None})
     def post(self, request: Request, receipt: str) -> Response:
         """Consume the message (once, whatever door asks); 409 if the lock has ended."""
-        receipts = pull_service.ack(snapshot(request), receipt)
+        pull_service.ack(snapshot(request), receipt)
         opsmetrics.count_now("ack")  # committed (a refused ACK raised above)
-        notify.messages_committed(receipts)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -520,8 +518,7 @@ class NackView(APIView):
     def post(self, request: Request, receipt: str) -> Response:
         """Let the message go at once to the next subscriber (queue) or back to this
         account (fan-out); 409 if the lock has ended."""
-        moved = pull_service.nack(snapshot(request), receipt)
-        notify.messages_committed(moved)
+        pull_service.nack(snapshot(request), receipt)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -281,8 +281,8 @@ def republish_message(snapshot: AccessSnapshot, smuid: int) -> Published:
 @transaction.atomic
 def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     """REPUBLISH MESSAGE: bring a message back from Trash to its topic's current
-    subscribers. Sequenced and deleted messages cannot be (406). The caller tells the
-    subscribers."""
+    subscribers. Sequenced and deleted messages cannot be (406). The subscriber sessions of
+    every process are told once it commits."""
     base, _ = topic_service.split_trash(path)
     topic = topic_service.visible_node(snapshot, base)
     if not snapshot.allows(topic, Right.PUBLISH):
@@ -311,4 +311,7 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
         start_timeouts([message.pk], now)
     UsageEvent.objects.create(kind=UsageEvent.Kind.REPUBLISH, account=snapshot.account.username,
                               topic=real.path, smuid=message.pk, bytes=message.size)
-    return Published(message.pk, real.pk, real.path, message.priority or NO_PRIORITY, allowed)
+    published = Published(message.pk, real.pk, real.path, message.priority or NO_PRIORITY,
+                          allowed)
+    notify.messages_committed_on_commit([published])
+    return published
