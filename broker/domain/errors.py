@@ -40,8 +40,8 @@ class Refusal(enum.Enum):
     CONFLICT = 409, "Conflict", 409, "conflict", None, 5, "{text}"
     # A size or count limit.
     TOO_LARGE = 414, "Resource too large", 413, "not-acceptable", "payload-too-big", 5, "{text}"
-    # Nothing was committed. REST answers no 5xx (REST-API.md): the problem's smqp_code says
-    # whose fault it was.
+    # Nothing was committed. REST answers never a 500 (REST-API.md): a 400 as before, its
+    # smqp_code (500) saying the fault is the server's.
     SERVER_ERROR = 500, "Server error", 400, "internal-server-error", None, 4, "{text}"
     NOT_IMPLEMENTED = 501, "Not implemented", 400, "feature-not-implemented", None, 5, "{text}"
     MAX_QUANTITY = (510, "Maximum quantity exceeded", 422, "resource-constraint", None, 4,
@@ -61,12 +61,12 @@ class Refusal(enum.Enum):
     def __init__(self, smqp: int, phrase: str, http: int, xmpp: str, pubsub: str | None,
                  qqp: int, xmpp_text: str) -> None:
         self.smqp = smqp
-        self.xmpp_text = xmpp_text
         self.phrase = phrase
         self.http = http
         self.xmpp = xmpp
         self.pubsub = pubsub
         self.qqp = qqp
+        self.xmpp_text = xmpp_text
 
     @property
     def title(self) -> str:

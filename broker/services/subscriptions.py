@@ -51,10 +51,6 @@ WIRE_NAME = {R.MESSAGE: "MESSAGE", R.TOPIC: "TOPIC", R.SUBSCRIBERS: "SUB",
              R.SERVER: "SERVER"}
 
 
-def _too_many(reason: str) -> ServiceError:
-    return max_quantity(reason)
-
-
 def _check_limits(account_id: int, adding: int) -> None:
     total = Subscription.objects.filter(account_id=account_id).count()
     if total + adding > settings.SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT:
@@ -81,7 +77,7 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
         return [SERVER_TIMEOUT_PATTERN]
     assert pattern is not None
     if pattern.wildcard and pattern.base in ("", "/"):
-        raise _too_many("cannot subscribe to every topic")
+        raise max_quantity("cannot subscribe to every topic")
     if resource == R.MESSAGE:
         # Below a federation link's root, the topic may not be here before its first message.
         federation.make_link_topic(snapshot, pattern.base)
@@ -108,7 +104,7 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
                 if not matched:
                     raise unauthorized(f"no subscribe right below {pattern.base}")
         if len(matched) > settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE:
-            raise _too_many(
+            raise max_quantity(
                 f"a subscription may cover at most {settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE} topics")
     lease_end = timezone.now() + timedelta(seconds=lease) if lease is not None else None
     created = _store(account.pk, resource, str(pattern), since, compiled, lease_end)
@@ -354,7 +350,7 @@ def _announce_ended(account_id: int, pattern: str) -> None:
     try:
         if wildcard:
             covered = topic_service.matching_topics(snapshot_for_id(account_id),
-                                              TopicPattern(base, True))
+                                                    TopicPattern(base, True))
         else:
             found = topic_service.node(base)
             covered = [found] if found is not None else []
