@@ -12,7 +12,7 @@ from __future__ import annotations
 from broker.domain.errors import Refusal
 
 __all__ = ["Refusal", "ServiceError", "bad_request", "conflict", "max_quantity", "not_acceptable",
-           "not_allowed", "not_found", "refuse", "too_large", "unauthorized"]
+           "not_allowed", "not_found", "refuse", "server_error", "too_large", "unauthorized"]
 
 
 class ServiceError(Exception):
@@ -76,3 +76,8 @@ def too_large(reason: str = "") -> ServiceError:
 
 def max_quantity(reason: str = "") -> ServiceError:
     return refuse(Refusal.MAX_QUANTITY, reason)
+
+
+def server_error(reason: str = "") -> ServiceError:
+    """Nothing was committed (the store failed, or a storage process was lost)."""
+    return refuse(Refusal.SERVER_ERROR, reason)

@@ -16,6 +16,7 @@ from broker.services import (
     not_acceptable,
     not_allowed,
     not_found,
+    server_error,
     too_large,
     unauthorized,
 )
@@ -98,6 +99,7 @@ def test_service_error_text_defaults_to_the_phrase():
     (conflict("x"), 409, "Conflict (x)"),
     (too_large("x"), 414, "Resource too large (x)"),
     (max_quantity("x"), 510, "Maximum quantity exceeded (x)"),
+    (server_error("nothing was committed"), 500, "Server error (nothing was committed)"),
 ])
 def test_helpers_give_the_texts_they_gave_before(made, code, text):
     assert (made.code, made.text) == (code, text)
