@@ -1,6 +1,7 @@
 """RFC 9457 problem details for every refusal, with ``smqp_code``: the SMQP reply code the
-same refusal gets on the wire. Services refuse with :class:`broker.services.ServiceError`
-(an SMQP code); this maps it to the HTTP status an HTTP client expects."""
+same refusal gets on the wire. Services refuse with :class:`broker.services.ServiceError`,
+which carries a :class:`~broker.domain.errors.Refusal`: its ``http``, ``title`` and
+``problem_type`` are what this door answers (:func:`from_service`, the one place)."""
 
 from __future__ import annotations
 
@@ -13,35 +14,36 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from broker.domain.errors import ProtocolError
+from broker.domain.errors import ProtocolError, Refusal
 from broker.services import ServiceError
 
 logger = logging.getLogger("api")
 
 PROBLEM = "application/problem+json"
 
-#: SMQP reply code → HTTP status. SMQP's 401 is "no right" for a logged-in account: HTTP's
-#: 403 (HTTP's 401 asks for credentials). 405 refuses an operation on that topic kind;
-#: 406 and 409 are states that forbid it; 414 is a size or count limit; 510 a quantity.
-HTTP_STATUS = {400: 400, 401: 403, 404: 404, 405: 403, 406: 409, 409: 409, 414: 413,
-               510: 422}
-
 #: HTTP status of DRF's own refusals → the SMQP code of the nearest SMQP refusal.
 SMQP_CODE = {400: 400, 401: 530, 403: 401, 404: 404, 405: 400, 406: 400, 409: 409, 413: 414,
              415: 400, 422: 400, 429: 421}
 
 
-def problem(http_status: int, detail: str, smqp_code: int, **extra) -> Response:
-    body = {"type": "about:blank", "title": HTTPStatus(http_status).phrase,
+def problem(http_status: int, detail: str, smqp_code: int, *, title: str | None = None,
+            problem_type: str = "about:blank", **extra) -> Response:
+    body = {"type": problem_type, "title": title or HTTPStatus(http_status).phrase,
             "status": http_status, "detail": detail, "smqp_code": smqp_code, **extra}
     return Response(body, status=http_status, content_type=PROBLEM)
 
 
 def from_service(exc: ServiceError | ProtocolError) -> Response:
+    """The problem for a refusal of the services or of a value's syntax."""
+    try:
+        refusal = exc.refusal
+    except ValueError:  # a ProtocolError with a code no refusal has: a bad request
+        refusal = Refusal.BAD_REQUEST
     # A selector refusal (567) says where in its text: as a field too, for programs.
     column = getattr(exc, "column", None)
     extra = {"column": column} if isinstance(column, int) else {}
-    return problem(HTTP_STATUS.get(exc.code, 400), exc.text, exc.code, **extra)
+    return problem(refusal.http, exc.text, exc.code, title=refusal.title,
+                   problem_type=refusal.problem_type, **extra)
 
 
 def handler(exc: Exception, context: dict) -> Response | None:

@@ -29,7 +29,7 @@ from broker.domain.values import SmuidSet, parse_topic_pattern, validate_topic
 from broker.models import Link, Subscription, selector_key
 from broker.services import accounts as account_service
 from broker.services import auth as auth_service
-from broker.services import federation, not_found, notify, operations, ual_entries
+from broker.services import bad_request, federation, not_found, operations, ual_entries
 from broker.services import publish as publish_service
 from broker.services import pull as pull_service
 from broker.services import read as read_service
@@ -48,7 +48,7 @@ from . import pagination, pullwait
 from . import serializers as s
 from .authentication import Throttled, peer_of
 from .models import ApiToken, IdempotencyKey
-from .problems import problem
+from .problems import from_service, problem
 from .tokens import create_token, revoke
 
 PATH_PARAM = OpenApiParameter("path", OpenApiTypes.STR, OpenApiParameter.PATH,
@@ -387,7 +387,6 @@ class RepublishView(APIView):
     def post(self, request: Request, smuid: int) -> Response:
         """REPUBLISH MESSAGE from its topic's Trash."""
         published = publish_service.republish_message(snapshot(request), smuid)
-        notify.messages_committed([published])
         return Response({"smuid": published.smuid, "topic": published.topic_path,
                          "cmuid": ""}, status=status.HTTP_201_CREATED)
 
@@ -509,9 +508,8 @@ class AckView(APIView):
     @extend_schema(parameters=[RECEIPT_PARAM], request=None, responses={204: None})
     def post(self, request: Request, receipt: str) -> Response:
         """Consume the message (once, whatever door asks); 409 if the lock has ended."""
-        receipts = pull_service.ack(snapshot(request), receipt)
+        pull_service.ack(snapshot(request), receipt)
         opsmetrics.count_now("ack")  # committed (a refused ACK raised above)
-        notify.messages_committed(receipts)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -520,8 +518,7 @@ class NackView(APIView):
     def post(self, request: Request, receipt: str) -> Response:
         """Let the message go at once to the next subscriber (queue) or back to this
         account (fan-out); 409 if the lock has ended."""
-        moved = pull_service.nack(snapshot(request), receipt)
-        notify.messages_committed(moved)
+        pull_service.nack(snapshot(request), receipt)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -700,7 +697,7 @@ class ReportsView(APIView):
             try:
                 rows = rows.filter(day__lt=date.fromisoformat(after))
             except ValueError:
-                return problem(400, "Bad request (invalid cursor)", 400)
+                return from_service(bad_request("invalid cursor"))
         return pagination.page_of(request, rows, limit, report_data,
                                   lambda last: last.day.isoformat())
 
@@ -716,7 +713,7 @@ class ReportView(APIView):
         except ValueError:
             report = None
         if report is None:
-            return problem(404, "Not found (no report for that day)", 404)
+            return from_service(not_found("no report for that day"))
         return Response(report_data(report, tables=True))
 
 
@@ -731,7 +728,7 @@ class NoSuchResource(APIView):
         request = self.initialize_request(request, *args, **kwargs)
         self.request = request
         self.headers = self.default_response_headers
-        response = problem(404, "Not found (no such resource)", 404)
+        response = from_service(not_found("no such resource"))
         self.response = self.finalize_response(request, response, *args, **kwargs)
         return self.response
 

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from broker.domain import message as codec
 from broker.models import Message
-from broker.services import ServiceError, notify, operations, stats
+from broker.services import ServiceError, operations, stats
 from broker.services import publish as publish_service
 from broker.store import opsmetrics
 from topics.admin import console_snapshot, refusal
@@ -132,7 +132,6 @@ def republish(request: HttpRequest) -> HttpResponse:
     except ServiceError as exc:
         messages.error(request, refusal(exc))
         return HttpResponseRedirect(back)
-    notify.messages_committed([published])
     messages.success(request, f"Message {smuid} republished on {published.topic_path} to "
                               f"{len(published.accounts)} subscriber(s).")
     return HttpResponseRedirect(back)

@@ -45,6 +45,14 @@ class _Refused(Exception):
         self.text = text
 
 
+def _refused(exc: ServiceError) -> _Refused:
+    """The QQP status for a refusal of the services: its Refusal's digit, 4 (not stored, the
+    server's fault: try again later) or 5 (refused, with the SMQP code and text)."""
+    if exc.refusal.qqp == 4:
+        return _Refused(4, f"not stored ({exc.text}); try again later")
+    return _Refused(5, f"refused: {exc.code} {exc.text}")
+
+
 def _resource_id_ok(resource_id: str) -> bool:
     # It becomes a header value (X-Resource-Id) and the Cmuid: printable, one line.
     return 0 < len(resource_id) <= 200 and resource_id.isprintable()
@@ -215,9 +223,7 @@ class QQPConsumer:
         except Exception as exc:
             await self._release(account_id, rid)
             if isinstance(exc, ServiceError):
-                if exc.code >= 500:
-                    raise _Refused(4, f"not stored ({exc.text}); try again later") from None
-                raise _Refused(5, f"refused: {exc.code} {exc.text}") from None
+                raise _refused(exc) from None
             logger.exception("QQP publish failed for %s", self.peer)
             raise _Refused(4, "not stored (server error); try again later") from None
         return published.smuid

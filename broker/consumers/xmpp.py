@@ -47,7 +47,6 @@ from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.services.deliveries import NO_PRIORITY
 from broker.services.login import AuthChecks, Challenge, LoggedIn, LoginFlow, LoginRefused, Reason
-from broker.services.selectors import SelectorError
 from broker.store import dbthread
 from broker.xmpp import payload as xpayload
 from broker.xmpp import stanzas as s
@@ -65,10 +64,6 @@ RECEIVED_MEMORY = 10_000
 CLOSE_GRACE_SECONDS = 5.0
 # Publishes of one session waiting for their commit before it stops reading.
 MAX_OUTSTANDING_PUBLISHES = 1024
-# ServiceError codes (SMQP's) → XMPP stanza error conditions.
-CONDITIONS = {400: "bad-request", 401: "forbidden", 403: "forbidden", 404: "item-not-found",
-              405: "not-allowed", 409: "conflict", 414: "not-acceptable",
-              510: "resource-constraint"}
 # Login refusals (broker.services.login) as SASL failures (condition, text); else "aborted".
 SASL_FAILURES = {
     Reason.THROTTLED: ("temporary-auth-failure", "too many failed logins; try again later"),
@@ -84,16 +79,10 @@ def _handler_name(command: Any) -> str:
 
 
 def _fault(exc: ServiceError) -> s.IqFault:
-    if isinstance(exc, pubsub_service.OptionsRequired):
-        return s.IqFault("not-acceptable", "configuration-required")
-    if isinstance(exc, SelectorError):
-        # XEP-0060 §6.3.5: options that cannot be accepted are bad-request + invalid-options;
-        # the text keeps SMQP's code and column (566 / 567, profile §9.2).
-        return s.IqFault("bad-request", "invalid-options", text=f"{exc.code} {exc.text}")
-    condition = CONDITIONS.get(exc.code, "internal-server-error" if exc.code >= 500
-                               else "bad-request")
-    pubsub = "payload-too-big" if exc.code == 414 else None
-    return s.IqFault(condition, pubsub, text=exc.text)
+    """The IQ error for a refusal: the conditions and text its Refusal gives XMPP."""
+    refusal = exc.refusal
+    return s.IqFault(refusal.xmpp, refusal.pubsub,
+                     text=refusal.xmpp_text.format(code=exc.code, text=exc.text))
 
 
 @dataclass(slots=True)

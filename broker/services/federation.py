@@ -42,10 +42,9 @@ from topics.models import Topic
 from topics.tree import Node
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, bad_request, conflict, not_found, notify
+from . import ServiceError, bad_request, conflict, not_found, notify, too_large
 from . import topics as topic_service
 from .deliveries import effective, receive_right
-from .prepare import too_large
 from .publish import Published, publish_prepared
 
 ORIGIN = "X-Origin"
@@ -210,9 +209,7 @@ def _ensure_topic(path: str) -> Topic | Node:
         found = topic_service.find(sub)
         if found is None:
             try:
-                with transaction.atomic():
-                    found = Topic.objects.create(path=sub, parent=parent)
-                topic_service._notify_topic(found, "ADDED")
+                found = topic_service.create_for_server(sub, parent)
             except IntegrityError:  # made concurrently by another link
                 found = topic_service.find(sub)
         if found is None or found.state != Topic.State.ACTIVE:

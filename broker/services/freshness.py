@@ -19,11 +19,11 @@ from topics import tree as topic_tree
 from ual import resolution as ual_resolution
 from ual.resolution import AccessSnapshot, snapshot_for
 
-from . import ServiceError
+from . import Refusal, ServiceError
 
 #: Refusals that may come from caches a moment behind another process's change: given only
 #: once :func:`caches_were_stale` says the caches were current.
-REFUSALS = (401, 404)
+REFUSALS = (Refusal.UNAUTHORIZED, Refusal.NOT_FOUND)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -39,7 +39,7 @@ def caches_were_stale() -> bool:
 
 def is_refusal(result: Any) -> bool:
     """Is ``result`` a refusal that fresh caches might not give (:data:`REFUSALS`)?"""
-    return isinstance(result, ServiceError) and result.code in REFUSALS
+    return isinstance(result, ServiceError) and result.refusal in REFUSALS
 
 
 def answer_from_fresh_caches(

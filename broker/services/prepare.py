@@ -26,7 +26,7 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, conflict, not_found, unauthorized
+from . import bad_request, conflict, not_found, too_large, unauthorized
 from . import topics as topic_service
 from .deliveries import effective
 
@@ -50,10 +50,6 @@ class PublishRequest:
 #: Written by a server that stores a forwarded message (:mod:`.federation`), never taken from
 #: a publisher: a forged origin would make the real message a "duplicate" elsewhere.
 _FEDERATION_HEADERS = frozenset({"x-origin", "x-route"})
-
-
-def too_large(reason: str) -> ServiceError:
-    return ServiceError(414, f"Resource too large ({reason})")
 
 
 def prepare(snapshot: AccessSnapshot, req: PublishRequest,
@@ -120,7 +116,7 @@ def _reply_target(snapshot: AccessSnapshot, req: PublishRequest) -> tuple[Topic,
         raise unauthorized(f"no reply right on {found.path}")
     smuid_hdr = req.message.get("Smuid")
     if not smuid_hdr:
-        raise ServiceError(400, "Bad request (PUB REPLY needs the Smuid of the original)")
+        raise bad_request("PUB REPLY needs the Smuid of the original")
     number = parse_reply_smuid(smuid_hdr)
     # ``other.server/23`` is that server's message 23, never ours: as a missing original.
     # The host is a domain name (and its context path), compared without case.

@@ -28,7 +28,15 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, snapshot_for_id
 
-from . import ServiceError, not_found, notify, unauthorized
+from . import (
+    ServiceError,
+    bad_request,
+    not_acceptable,
+    not_found,
+    notify,
+    too_large,
+    unauthorized,
+)
 from . import topics as topic_service
 from .deliveries import (
     NO_PRIORITY,
@@ -43,7 +51,7 @@ from .deliveries import (
     subscribers,
 )
 from .freshness import answer_from_fresh_caches, caches_were_stale, is_refusal
-from .prepare import PublishRequest, prepare, too_large
+from .prepare import PublishRequest, prepare
 from .selectors import MessageView, message_view, view_of_message
 
 __all__ = [
@@ -149,7 +157,7 @@ def _prepare_all(requests: list[PublishRequest], results: list,
         except ServiceError as exc:
             results[i] = exc
         except (ValueError, KeyError) as exc:
-            results[i] = ServiceError(400, f"Bad request ({exc})")
+            results[i] = bad_request(str(exc))
 
     for i in range(len(requests)):
         prepare_one(i)
@@ -273,8 +281,8 @@ def republish_message(snapshot: AccessSnapshot, smuid: int) -> Published:
 @transaction.atomic
 def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     """REPUBLISH MESSAGE: bring a message back from Trash to its topic's current
-    subscribers. Sequenced and deleted messages cannot be (406). The caller tells the
-    subscribers."""
+    subscribers. Sequenced and deleted messages cannot be (406). The subscriber sessions of
+    every process are told once it commits."""
     base, _ = topic_service.split_trash(path)
     topic = topic_service.visible_node(snapshot, base)
     if not snapshot.allows(topic, Right.PUBLISH):
@@ -282,11 +290,11 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
     real = topic.resolved()
     message = Message.objects.select_for_update().filter(pk=smuid, topic_id=real.pk).first()
     if message is None or message.state == Message.State.DELETED:
-        raise ServiceError(406, "Not acceptable (message not found)")
+        raise not_acceptable("message not found")
     if message.sequence is not None:
-        raise ServiceError(406, "Not acceptable (sequenced messages cannot be republished)")
+        raise not_acceptable("sequenced messages cannot be republished")
     if message.state != Message.State.TRASH:
-        raise ServiceError(406, "Not acceptable (message is not in Trash)")
+        raise not_acceptable("message is not in Trash")
     now = timezone.now()
     Delivery.objects.filter(message=message).delete()
     lock_topics([real.pk], exclusive=False)  # as a publish: see lock_topics
@@ -303,4 +311,7 @@ def republish(snapshot: AccessSnapshot, path: str, smuid: int) -> Published:
         start_timeouts([message.pk], now)
     UsageEvent.objects.create(kind=UsageEvent.Kind.REPUBLISH, account=snapshot.account.username,
                               topic=real.path, smuid=message.pk, bytes=message.size)
-    return Published(message.pk, real.pk, real.path, message.priority or NO_PRIORITY, allowed)
+    published = Published(message.pk, real.pk, real.path, message.priority or NO_PRIORITY,
+                          allowed)
+    notify.messages_committed_on_commit([published])
+    return published

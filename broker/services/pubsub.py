@@ -25,7 +25,7 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, bad_request, not_found, notify, unauthorized
+from . import Refusal, ServiceError, bad_request, not_found, notify, unauthorized
 from . import subscriptions as subscription_service
 from . import topics as topic_service
 from .freshness import answer_from_fresh_caches
@@ -59,7 +59,8 @@ class OptionsRequired(ServiceError):
     """XEP-0254 §2.1: a queue node's subscription needs ``pubsub#queue_requests``."""
 
     def __init__(self) -> None:
-        super().__init__(400, "Bad request (pubsub#queue_requests required)")
+        super().__init__(Refusal.OPTIONS_REQUIRED,
+                         Refusal.OPTIONS_REQUIRED.text("pubsub#queue_requests required"))
 
 
 def new_cmuid(item_id: str | None) -> str:

@@ -27,7 +27,7 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot
 
-from . import ServiceError, bad_request, conflict, not_found
+from . import ServiceError, bad_request, conflict, not_found, notify
 from . import topics as topic_service
 from .ack import may_want_receipt
 from .deliveries import NO_PRIORITY, effective, stored_view
@@ -87,7 +87,7 @@ def covered_topics(snapshot: AccessSnapshot, sub: Subscription) -> dict[int, Nod
     pattern = TopicPattern(sub.pattern[:-2], True) if sub.is_wildcard else \
         TopicPattern(sub.pattern, False)
     try:
-        matched = topic_service._matching(snapshot, pattern)
+        matched = topic_service.matching_topics(snapshot, pattern)
     except ServiceError:
         return {}
     return {t.resolved().pk: t.resolved() for t in matched
@@ -169,19 +169,24 @@ def pull(snapshot: AccessSnapshot, subscription_id: int, limit: int) -> list[Pul
 
 def ack(snapshot: AccessSnapshot, receipt: str) -> list[Published]:
     """Consume the message of a receipt (409 when its lock is not held or has expired).
-    Returns the receipts to publishers it sent, for the caller to announce."""
+    The receipts to publishers it sent are announced once committed, and returned."""
     smuid, holder = parse_receipt(receipt)
     wants = Message.objects.filter(pk=smuid).values_list("receipt", flat=True).first()
-    return ack_locked(snapshot.account.pk, holder, smuid,
-                      receipt=bool(wants) if wants is not None else True, door="rest")
+    receipts = ack_locked(snapshot.account.pk, holder, smuid,
+                          receipt=bool(wants) if wants is not None else True, door="rest")
+    notify.messages_committed_on_commit(receipts)
+    return receipts
 
 
 def nack(snapshot: AccessSnapshot, receipt: str) -> list[Published]:
     """End the lock of a receipt at once: the message goes to the next subscriber (queue
     topics) or waits for this account again (fan-out), or is dead once its attempts are
-    spent. 409 when the lock is not held or has expired. Returns the messages moved."""
+    spent. 409 when the lock is not held or has expired. The messages moved are announced
+    once committed, and returned."""
     smuid, holder = parse_receipt(receipt)
-    return release_held(snapshot.account.pk, holder, smuid)
+    moved = release_held(snapshot.account.pk, holder, smuid)
+    notify.messages_committed_on_commit(moved)
+    return moved
 
 
 __all__ = ["Pulled", "ack", "covered_topics", "may_want_receipt", "nack", "parse_receipt",

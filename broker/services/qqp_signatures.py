@@ -12,7 +12,7 @@ from django.db import transaction
 from accounts.models import Account
 from broker.models import QQPKey
 
-from . import ServiceError
+from . import Refusal, ServiceError, bad_request
 
 with warnings.catch_warnings():  # PGPy's imports warn of deprecated modules and ciphers
     warnings.simplefilter("ignore")
@@ -24,7 +24,7 @@ class BadSignature(ServiceError):
     """The Signature does not parse, is of the wrong type, names no known key, or fails."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(401, f"Unauthorized (signature: {reason})")
+        super().__init__(Refusal.UNAUTHORIZED, Refusal.UNAUTHORIZED.text(f"signature: {reason}"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -41,9 +41,9 @@ def add_key(account: Account, armored: str) -> list[str]:
         try:
             key, _ = pgpy.PGPKey.from_blob(armored)
         except Exception as exc:  # PGPy raises many kinds for bad input
-            raise ServiceError(400, f"Bad request (not an OpenPGP key: {exc})") from None
+            raise bad_request(f"not an OpenPGP key: {exc}") from None
     if not key.is_public:
-        raise ServiceError(400, "Bad request (a private key: give the public key)")
+        raise bad_request("a private key: give the public key")
     armored = str(key)
     ids = [key.fingerprint.keyid, *(sub.fingerprint.keyid for sub in key.subkeys.values())]
     with transaction.atomic():

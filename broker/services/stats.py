@@ -25,7 +25,7 @@ from broker.models import Delivery, Message, Subscription
 from broker.store import opsmetrics
 from topics.models import Topic
 
-from . import notify
+from . import federation, notify
 from . import topics as topic_service
 
 #: How many topics, dead letters and sessions a snapshot lists at most.
@@ -175,8 +175,6 @@ def links() -> list[dict]:
     """Federation links with their state, counters, last error and backlog (as the REST
     API shows them: :func:`.federation.link_data`), from the ``Link`` rows the supervisor
     writes."""
-    from . import federation
-
     return [federation.link_data(link) for link in federation.links()]
 
 

@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from broker.domain.values import TopicPattern
@@ -23,12 +22,22 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, current_generation, snapshot_for_id
 
-from . import ServiceError, bad_request, events, federation, not_found, notify, unauthorized
+from . import (
+    Refusal,
+    ServiceError,
+    bad_request,
+    events,
+    federation,
+    max_quantity,
+    not_found,
+    notify,
+    too_large,
+    unauthorized,
+)
 from . import topics as topic_service
 from .deliveries import is_peer, receive_right
 from .freshness import answer_from_fresh_caches
 from .selectors import (
-    NO_SUCH_SUBSCRIPTION,
     Selector,
     canonical_class,
     compile_selector,
@@ -42,14 +51,10 @@ WIRE_NAME = {R.MESSAGE: "MESSAGE", R.TOPIC: "TOPIC", R.SUBSCRIBERS: "SUB",
              R.SERVER: "SERVER"}
 
 
-def _too_many(reason: str) -> ServiceError:
-    return ServiceError(510, f"Maximum quantity exceeded ({reason})")
-
-
 def _check_limits(account_id: int, adding: int) -> None:
     total = Subscription.objects.filter(account_id=account_id).count()
     if total + adding > settings.SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT:
-        raise ServiceError(414, "Resource too large (cannot subscribe to any more)")
+        raise too_large("cannot subscribe to any more")
 
 
 @answer_from_fresh_caches
@@ -72,12 +77,12 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
         return [SERVER_TIMEOUT_PATTERN]
     assert pattern is not None
     if pattern.wildcard and pattern.base in ("", "/"):
-        raise _too_many("cannot subscribe to every topic")
+        raise max_quantity("cannot subscribe to every topic")
     if resource == R.MESSAGE:
         # Below a federation link's root, the topic may not be here before its first message.
         federation.make_link_topic(snapshot, pattern.base)
     if pattern.wildcard:
-        matched = topic_service._matching(snapshot, pattern)
+        matched = topic_service.matching_topics(snapshot, pattern)
     else:
         matched = [topic_service.visible_node(snapshot, pattern.base)]
     if resource == R.MESSAGE:
@@ -99,7 +104,7 @@ def subscribe(snapshot: AccessSnapshot, resource: str, pattern: TopicPattern | N
                 if not matched:
                     raise unauthorized(f"no subscribe right below {pattern.base}")
         if len(matched) > settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE:
-            raise _too_many(
+            raise max_quantity(
                 f"a subscription may cover at most {settings.SMQP_MAX_TOPICS_PER_SUBSCRIBE} topics")
     lease_end = timezone.now() + timedelta(seconds=lease) if lease is not None else None
     created = _store(account.pk, resource, str(pattern), since, compiled, lease_end)
@@ -211,7 +216,7 @@ def unsubscribe(snapshot: AccessSnapshot, resource: str,
         qs = qs.filter(resource=resource, pattern_key=str(pattern).casefold(),
                        selector_key=selector_key(cls, selector[1].strip()))
         if not qs.exists():
-            raise ServiceError(NO_SUCH_SUBSCRIPTION, "No such subscription")
+            raise ServiceError(Refusal.NO_SUCH_SUBSCRIPTION)
     if resource != "*":
         qs = qs.filter(resource=resource)
     if resource == R.SERVER:
@@ -258,7 +263,7 @@ def _announce_removed(snapshot: AccessSnapshot, removed: list[Subscription]) -> 
             patt = TopicPattern(sub.pattern[:-2], True) if sub.is_wildcard else \
                 TopicPattern(sub.pattern, False)
             try:
-                for t in topic_service._matching(snapshot, patt):
+                for t in topic_service.matching_topics(snapshot, patt):
                     message_topics[t.pk] = t
             except ServiceError:
                 pass  # the topic is gone or hidden now: nobody to tell
@@ -344,8 +349,8 @@ def _announce_ended(account_id: int, pattern: str) -> None:
     base = pattern[:-2] if wildcard else pattern
     try:
         if wildcard:
-            covered = topic_service._matching(snapshot_for_id(account_id),
-                                              TopicPattern(base, True))
+            covered = topic_service.matching_topics(snapshot_for_id(account_id),
+                                                    TopicPattern(base, True))
         else:
             found = topic_service.node(base)
             covered = [found] if found is not None else []
@@ -359,7 +364,7 @@ def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
     base_path = pattern[:-2] if wildcard else pattern
     base = topic_service.node(base_path)
     if base is None:
-        return True  # gone (REMOVE TOPIC ends those: end_removed) or not there yet
+        return True  # gone (REMOVE TOPIC ends those: .topics.remove_topic) or not there yet
     # As subscribe() decides: the subscribe right, or for a peer server the remote right.
     rights = {Right.SUBSCRIBE, receive_right(snapshot.account)}
 
@@ -371,26 +376,7 @@ def _may_still_subscribe(snapshot: AccessSnapshot, pattern: str) -> bool:
     if not wildcard:
         return False
     try:
-        below = topic_service._matching(snapshot, TopicPattern(base_path, True))
+        below = topic_service.matching_topics(snapshot, TopicPattern(base_path, True))
     except ServiceError:
         return False
     return any(allowed(t) for t in below)
-
-
-def end_removed(topic_keys: list[str]) -> int:
-    """REMOVE TOPIC: the MESSAGE subscriptions on these topics (by name; each with its
-    subtree, ``/t/*`` included) end, inside the caller's transaction; their accounts are
-    told once it commits. Wildcards above a removed topic stay (they cover others).
-    Returns how many ended."""
-    if not topic_keys:
-        return 0
-    named = Q()
-    for key in topic_keys:
-        named |= Q(pattern_key=key) | Q(pattern_key__startswith=key + "/")
-    ended = list(Subscription.objects.filter(named, resource=R.MESSAGE)
-                 .values_list("pk", "account_id", "pattern"))
-    Subscription.objects.filter(pk__in=[pk for pk, _, _ in ended]).delete()
-    for _, account_id, pattern in ended:
-        notify.send_after_commit(
-            [account_id], notify.subscription_cancelled_event(pattern, notify.REMOVED))
-    return len(ended)

@@ -22,7 +22,15 @@ from topics.tree import Node
 from ual.models import Right
 from ual.resolution import AccessSnapshot, level_keys, snapshot_for_id
 
-from . import ServiceError, conflict, not_allowed, not_found, notify, unauthorized
+from . import (
+    bad_request,
+    conflict,
+    not_allowed,
+    not_found,
+    notify,
+    too_large,
+    unauthorized,
+)
 from .freshness import answer_from_fresh_caches
 
 TRASH = "trash"
@@ -77,8 +85,9 @@ def _descendants(base_key: str):
     return Topic.objects.filter(key__startswith=base_key.rstrip("/") + "/")
 
 
-def _matching(snapshot: AccessSnapshot, pattern: TopicPattern) -> list[Node]:
-    """Visible, active topics a pattern names: the topic itself, or every descendant."""
+def matching_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> list[Node]:
+    """Visible, active topics a pattern names: the topic itself, or every descendant (404
+    when the pattern's base is not visible)."""
     tree = topic_tree.tree()
     if pattern.wildcard:
         if pattern.base in ("", "/"):
@@ -110,12 +119,12 @@ def count_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
     """COUNT TOPIC: children of a topic, or with a wildcard all descendants at any depth."""
     if not pattern.wildcard:
         return len(_children(snapshot, pattern.base))
-    return len(_matching(snapshot, pattern))
+    return len(matching_topics(snapshot, pattern))
 
 
 def _message_topics(snapshot: AccessSnapshot, pattern: TopicPattern) -> tuple[list[Node], bool]:
     base, trash = split_trash(pattern.base) if not pattern.wildcard else (pattern.base, False)
-    topics = _matching(snapshot, TopicPattern(base, pattern.wildcard))
+    topics = matching_topics(snapshot, TopicPattern(base, pattern.wildcard))
     real = {t.resolved().pk: t.resolved() for t in topics}
     return list(real.values()), trash
 
@@ -170,7 +179,7 @@ def count_subscribers(snapshot: AccessSnapshot, pattern: TopicPattern) -> int:
     """COUNT SUBSCRIBERS: accounts subscribed to the topic's messages (with a wildcard, to any
     topic below it)."""
     accounts: set[int] = set()
-    for topic in _matching(snapshot, pattern):
+    for topic in matching_topics(snapshot, pattern):
         accounts |= subscriber_accounts(topic)
     return len(accounts)
 
@@ -238,6 +247,16 @@ def _notify_topic(topic: Topic, action: str, value: str | None = None,
     notify.send_after_commit(allowed, notify.topic_event(topic.path, action, value))
 
 
+def create_for_server(path: str, parent: Topic | None) -> Topic:
+    """A topic the server makes itself (a federation link's import), no account's rights
+    asked; TOPIC subscribers that can see it are told once it commits. IntegrityError when
+    it exists (made concurrently)."""
+    with transaction.atomic():
+        topic = Topic.objects.create(path=path, parent=parent)
+    _notify_topic(topic, "ADDED")
+    return topic
+
+
 @answer_from_fresh_caches
 @transaction.atomic
 def create_topic(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...] | None = None,
@@ -267,7 +286,7 @@ def create_topic(snapshot: AccessSnapshot, path: str, keywords: tuple[str, ...] 
         raise unauthorized(f"no subscribe right on {link.path}")
     siblings = Topic.objects.filter(parent=parent).count()
     if siblings >= settings.SMQP_MAX_CHILD_TOPICS:
-        raise ServiceError(414, "Resource too large (too many topics for parent topic)")
+        raise too_large("too many topics for parent topic")
     try:
         with transaction.atomic():
             topic = Topic.objects.create(path=path, parent=parent, link=link)
@@ -309,12 +328,29 @@ def remove_topic(snapshot: AccessSnapshot, path: str) -> int:
     for t in affected:
         _notify_topic(t, "DELETED")
     # Their MESSAGE subscriptions end, and their accounts are told (profile §9.3).
-    from .subscriptions import end_removed  # (subscriptions imports this module)
-
-    end_removed([t.key for t in affected])
+    _end_subscriptions([t.key for t in affected])
     if pending == 0:
         finalize_removal(topic_ids=[t.pk for t in affected])
     return pending
+
+
+def _end_subscriptions(topic_keys: list[str]) -> int:
+    """REMOVE TOPIC: the MESSAGE subscriptions on these topics (by name; each with its
+    subtree, ``/t/*`` included) end, inside the caller's transaction; their accounts are
+    told once it commits. Wildcards above a removed topic stay (they cover others).
+    Returns how many ended."""
+    if not topic_keys:
+        return 0
+    named = Q()
+    for key in topic_keys:
+        named |= Q(pattern_key=key) | Q(pattern_key__startswith=key + "/")
+    ended = list(Subscription.objects.filter(named, resource=Subscription.Resource.MESSAGE)
+                 .values_list("pk", "account_id", "pattern"))
+    Subscription.objects.filter(pk__in=[pk for pk, _, _ in ended]).delete()
+    for _, account_id, pattern in ended:
+        notify.send_after_commit(
+            [account_id], notify.subscription_cancelled_event(pattern, notify.REMOVED))
+    return len(ended)
 
 
 def finalize_removal(topic_ids: list[int] | None = None) -> int:
@@ -407,7 +443,7 @@ def find_topics(snapshot: AccessSnapshot, pattern: TopicPattern,
     (the draft's example finds ``/stocks/ibm`` by ``/stocks (BLUE)``), ``/t`` the topic."""
     wanted = [k.casefold() for k in keywords or ()]
     if pattern.wildcard or not wanted:
-        searched = _matching(snapshot, pattern)
+        searched = matching_topics(snapshot, pattern)
     else:
         top = [] if pattern.base in ("", "/") else [visible_node(snapshot, pattern.base)]
         searched = [*top, *_children(snapshot, pattern.base or "/")]
@@ -435,14 +471,14 @@ def set_parameters(snapshot: AccessSnapshot, path: str, changes: dict) -> Topic:
     fields = []
     for name, value in changes.items():
         if name not in PARAMETERS:
-            raise ServiceError(400, f"Bad request (no parameter {name})")
+            raise bad_request(f"no parameter {name}")
         if name == "delivery_mode":
             if value not in Topic.DeliveryMode.values:
-                raise ServiceError(400, "Bad request (delivery mode is fanout or queue)")
+                raise bad_request("delivery mode is fanout or queue")
         elif value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                     or value < (-1 if name == "expiry_timeout" else 0)
                                     or value > 2**31 - 1):
-            raise ServiceError(400, f"Bad request ({name} out of range)")
+            raise bad_request(f"{name} out of range")
         setattr(topic, name, value)
         fields.append(name)
     if fields:

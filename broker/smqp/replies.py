@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from .errors import ProtocolError
 from .message import Message, serialize_message
 from .values import format_timeout
 
@@ -86,8 +86,20 @@ def ok() -> bytes:
     return b"200 OK\r\n"
 
 
-def error(exc: ProtocolError) -> bytes:
-    """The one-line reply for a ``ProtocolError`` (``400 Bad request (...)``)."""
+class Refused(Protocol):
+    """A refusal as SMQP words it: a ``ProtocolError``, or a services' ``ServiceError``
+    (whose ``code`` is its Refusal's SMQP code)."""
+
+    @property
+    def code(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+def error(exc: Refused) -> bytes:
+    """The one-line reply for a refusal (``400 Bad request (...)``): the SMQP door's one
+    mapping of errors to the wire."""
     return serialize_reply(exc.code, exc.text)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from broker.services import ServiceError, federation
+from broker.services import Refusal, ServiceError, federation
 
 
 class Command(BaseCommand):
@@ -55,7 +55,7 @@ class Command(BaseCommand):
                 tls_server_name=server_name, peer_account=peer_account,
                 enabled=not disabled)
         except ServiceError as exc:
-            if exc.code == 409:
+            if exc.refusal is Refusal.CONFLICT:
                 raise CommandError(f"link {name!r} exists (use --update)") from None
             raise CommandError(exc.text) from None
         self.stdout.write(f"link {link.name} -> {account}@{host}:{port} "

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from .. import ServiceError
+from .. import Refusal, ServiceError
 
-UNSUPPORTED = 566
-INCORRECT = 567
-NO_SUCH_SUBSCRIPTION = 568
+UNSUPPORTED = Refusal.UNSUPPORTED_SELECTOR.smqp
+INCORRECT = Refusal.INCORRECT_SELECTOR.smqp
+NO_SUCH_SUBSCRIPTION = Refusal.NO_SUCH_SUBSCRIPTION.smqp
 
 
 class SelectorError(ServiceError):
@@ -21,12 +21,13 @@ class SelectorError(ServiceError):
     ``text`` as is (``567 Incorrect message selector (unexpected ')' at column 7)``)."""
 
     def __init__(self, code: int, what: str, column: int | None = None) -> None:
-        if code == UNSUPPORTED:
-            text = "Unsupported selector class"
+        refusal = Refusal.of(code)
+        if refusal is Refusal.UNSUPPORTED_SELECTOR:
+            text = refusal.text()
         else:
             where = f" at column {column}" if column is not None else ""
-            text = f"Incorrect message selector ({what}{where})"
-        super().__init__(code, text)
+            text = refusal.text(f"{what}{where}")
+        super().__init__(refusal, text)
         self.what = what
         self.column = column
 
