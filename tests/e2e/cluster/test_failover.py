@@ -2,24 +2,31 @@
 through HAProxy; a broker node, the PostgreSQL primary, the Redis master or the beat lease
 holder is killed (SIGKILL, as a machine dies), or a node's cable is pulled, while publishers
 and queue and fan-out consumers run. Every message confirmed to a publisher is delivered
-and none is ACKed twice. Times are printed for the record (``-s``), never asserted."""
+and none is ACKed twice, at both doors: SMQP sessions on HAProxy's SMQP port and XMPP streams
+over its WebSocket (HTTP) port. Times are printed for the record (``-s``), never asserted."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 
 import pytest
 
 from deploy.local import FRONT, HUB
 from tests.support.cluster_load import (
+    RETRY,
     Consumer,
     Publisher,
     assert_exactly_once,
     check,
     wait_drained,
 )
+
+from .xmpp_load import XMPP_FAN, XMPP_QUEUE, XmppFanout, XmppQueueWorker
+
+XMPP_URL = f"ws://{HUB}:{FRONT['http']}/xmpp-websocket"
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -30,39 +37,64 @@ def note(what: str, seconds: float) -> None:
 
 @contextmanager
 def load(cluster, publishers: int = 4, drain_timeout: float = 240):
-    """4 publishers, 2 queue consumers (accounts q0, q1) and 2 fan-out consumers (f0, f1),
-    all through HAProxy's SMQP port; on the way out the publishers stop, the consumers drain
-    everything confirmed, and the exactly-once promises are checked."""
+    """4 publishers, 2 queue consumers (accounts q0, q1) and 2 fan-out consumers (f0, f1)
+    through HAProxy's SMQP port, and 2 XMPP queue workers (xq0, xq1) and an XMPP fan-out
+    subscriber (xf0) through its WebSocket port; on the way out the publishers stop, the
+    consumers drain everything confirmed, and the exactly-once promises are checked."""
     stop_pub, stop_sub = threading.Event(), threading.Event()
     pubs = [Publisher(f"p{i}", HUB, FRONT["smqp"], stop_pub, pause=0.02)
             for i in range(publishers)]
     queue = [Consumer(f"q{i}", HUB, FRONT["smqp"], stop_sub, f"q{i}", "/jobs")
              for i in range(2)]
     fan = [Consumer(f"f{i}", HUB, FRONT["smqp"], stop_sub, f"f{i}", "/fan") for i in range(2)]
-    for c in queue + fan:
+    xqueue = [XmppQueueWorker(name, XMPP_URL, stop_sub, name) for name in XMPP_QUEUE]
+    xfan = [XmppFanout(name, XMPP_URL, stop_sub, name) for name in XMPP_FAN]
+    subs = queue + fan + xqueue + xfan
+    for c in subs:
         c.start()
         assert c.ready.wait(60)
+    check([c.failure for c in subs])
     for p in pubs:
         p.start()
         assert p.ready.wait(60)
     try:
-        yield pubs, queue, fan
+        yield pubs, queue + xqueue, fan + xfan
         stop_pub.set()
         for p in pubs:
             p.join(timeout=60)
         check([p.failure for p in pubs])
         confirmed = sum(len(v) for p in pubs for v in p.confirmed.values())
-        drained = wait_drained(cluster.database_url, pubs, queue, fan, drain_timeout)
-        time.sleep(6)  # past the retry timeout: a message delivered again would show now
+        drained = wait_drained(cluster.database_url, pubs, queue + xqueue, fan + xfan,
+                               drain_timeout)
+        time.sleep(RETRY + 1)  # past the retry timeout: a message delivered again shows now
         assert_exactly_once(queue, fan)
+        assert_xmpp_exactly_once(queue, xqueue, xfan)
         print(f"\n[cluster] {confirmed} confirmed publishes ({sum(p.attempts for p in pubs)} "
               f"attempts), drained {drained:.1f} s after the publishers stopped; "
-              f"reconnects: {sum(c.reconnects for c in pubs + queue + fan)}")
+              f"reconnects: SMQP {sum(c.reconnects for c in pubs + queue + fan)}, XMPP "
+              f"{sum(c.reconnects for c in xqueue + xfan)}; queue items consumed over XMPP "
+              f"{sum(len(w.consumed) for w in xqueue)}, over SMQP "
+              f"{sum(len(c.acked) for c in queue)}; XMPP retracts refused "
+              f"{sum(len(w.refused) for w in xqueue)}")
     finally:
         stop_pub.set()
         stop_sub.set()
-        for c in pubs + queue + fan:
+        for c in pubs + subs:
             c.join(timeout=30)
+
+
+def assert_xmpp_exactly_once(queue: list[Consumer], xqueue: list[XmppQueueWorker],
+                             xfan: list[XmppFanout]) -> None:
+    """No queue item consumed twice across both doors (an SMQP 310 ACK or an XMPP retract
+    answered with a result), and no fan-out item sent twice to an XMPP subscriber."""
+    consumed = Counter(m for c in queue + xqueue for m in c.acked)
+    twice = [m for m, n in consumed.items() if n > 1]
+    assert not twice, f"queue items consumed twice (SMQP and XMPP together): {twice[:20]}"
+    for c in xfan:
+        twice = {m: [(stream, f"{at:.3f}") for s, stream, at in c.received if s == m]
+                 for m, n in Counter(c.notified).items() if n > 1}
+        assert not twice, (f"{c.account}: fan-out items sent twice over XMPP (stream, time): "
+                           f"{dict(list(twice.items())[:20])}; streams ended at {c.broke}")
 
 
 def progress(pubs) -> int:
@@ -79,19 +111,87 @@ def wait_progress(pubs, more: int = 20, timeout: float = 180) -> float:
     return time.monotonic() - start
 
 
-def test_kill_a_broker_node_under_load(cluster):
-    victim = cluster.nodes[0]
+def locks_in_store(database_url: str, smuids: list[int]) -> dict[int, tuple[str, str]]:
+    """(state, holder) of each queue delivery of ``smuids``."""
+    import psycopg
+
+    with psycopg.connect(database_url, connect_timeout=5) as db:
+        return {m: (state, holder) for m, state, holder in db.execute(
+            "SELECT message_id, state, holder FROM broker_delivery WHERE message_id = ANY(%s)",
+            (smuids,)).fetchall()}
+
+
+def take_locks_on(node) -> tuple[list, list[int]]:
+    """Queue sessions on ``node`` itself (not through HAProxy) that take items of /jobs and
+    hold their locks without consuming them: an SMQP session (account q3, one lock) and an
+    XMPP stream (account xh, 3 locks). Their sessions and the items they hold."""
+    from deploy.local import NODE_PORTS
+    from tests.support.queue_clients import smuid_in
+    from tests.support.smqp_session import Session
+
+    from .xmpp_load import XmppHolder
+
+    smqp = Session(node.addr, NODE_PORTS["smqp"], "q3", timeout=60)
+    assert smqp.command("SUB MESSAGE /jobs").code == 200
+    xmpp = XmppHolder(f"ws://{node.addr}:{NODE_PORTS['http']}/xmpp-websocket", count=3)
+    held = [smuid_in(smqp.message(timeout=120)), *xmpp.take()]
+    return [smqp, xmpp.s], held
+
+
+def end_subscriptions(accounts: dict[str, str]) -> None:
+    """Unsubscribe the lock holders' accounts (through HAProxy), so that later tests' items
+    do not wait for their turn at accounts nobody serves."""
+    from tests.support.smqp_session import Session
+    from tests.support.xmpp_session import XmppSession
+
+    with Session(HUB, FRONT["smqp"], accounts["smqp"], timeout=60) as s:
+        s.command("UNSUB MESSAGE /jobs")
+    x = XmppSession(XMPP_URL, timeout=60)
     try:
-        with load(cluster) as (pubs, _queue, _fan):
+        x.login(accounts["xmpp"], resource="cleanup")
+        x.pubsub("set", f"<unsubscribe node='/jobs' jid='{x.jid.split('/')[0]}'/>")
+    finally:
+        x.close()
+
+
+def test_kill_a_broker_node_under_load(cluster):
+    """Besides the load's promises: the locks that sessions on the killed node held end, and
+    each of those items is consumed once, by a live session."""
+    victim = cluster.nodes[0]
+    holders: list = []
+    try:
+        with load(cluster) as (pubs, queue, _fan):
             wait_progress(pubs, 100)
+            holders, held = take_locks_on(victim)
+            locks = locks_in_store(cluster.database_url, held)
+            assert all(locks[m][0] == "notified" and locks[m][1].startswith(("q3", "xh"))
+                       for m in held), f"not locked by the holders on {victim.name}: {locks}"
             killed = time.monotonic()
             cluster.kill_node(victim)
+            for s in holders:
+                s.close()
             note("publishing resumed after a node was killed", wait_progress(pubs, 50))
             note("since the kill", time.monotonic() - killed)
+            from deploy.local import _wait
+
+            def consumers_of(smuid: int) -> list[str]:
+                return [q.name for q in queue for m in q.acked if m == smuid]
+
+            _wait(lambda: all(consumers_of(m) for m in held), 240,
+                  "the killed node's locked items to be consumed by live sessions")
+            note(f"the killed node's {len(held)} locked items consumed by live sessions "
+                 f"(retry timeout {RETRY} s) since the kill", time.monotonic() - killed)
+            consumed_by = {m: consumers_of(m) for m in held}
+            assert all(len(who) == 1 for who in consumed_by.values()), consumed_by
+            final = locks_in_store(cluster.database_url, held)
+            assert all(state == "acked" for state, _ in final.values()), final
             time.sleep(5)
     finally:
+        for s in holders:
+            s.close()
         cluster.start_node(victim)
         cluster.wait_node_ready(victim)
+        end_subscriptions({"smqp": "q3", "xmpp": "xh"})
 
 
 def test_cut_a_nodes_link_for_30_seconds(cluster):
@@ -134,22 +234,83 @@ def test_kill_the_postgresql_primary(cluster):
               "the old primary to rejoin as the synchronous replica")
 
 
+class Timeline(threading.Thread):
+    """From a failure on, polls what a resume is made of, for the record: when every node's
+    own /readyz answers 200 again, and when HAProxy counts every SMQP node UP again."""
+
+    def __init__(self, cluster, since: float) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.since, self.done = cluster, since, threading.Event()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, what: str, once: bool = True) -> None:
+        if not (once and what in self.marks):
+            self.marks[what] = time.monotonic() - self.since
+
+    def run(self) -> None:
+        from deploy.local import http_status
+
+        while not self.done.is_set():
+            try:
+                ready = all(http_status(n.url("health", "/readyz"), timeout=1) == 200
+                            for n in self.cluster.nodes)
+            except OSError:
+                ready = False
+            up = haproxy_up("smqp_nodes")
+            if not ready:
+                self.mark("a node not ready")
+            elif "a node not ready" in self.marks:
+                self.mark("every node ready again", once=False)
+            if up < len(self.cluster.nodes):
+                self.mark("HAProxy took a node out")
+                if up == 0:
+                    self.mark("HAProxy had no SMQP node")
+            elif "HAProxy took a node out" in self.marks:
+                self.mark("HAProxy had every node back", once=False)
+            time.sleep(0.1)
+
+    def report(self) -> None:
+        self.done.set()
+        self.join(5)
+        for what, at in sorted(self.marks.items(), key=lambda item: item[1]):
+            note(what, at)
+
+
+def haproxy_up(backend: str) -> int:
+    """How many servers of ``backend`` HAProxy counts UP (its stats page as CSV)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{HUB}:{FRONT['stats']}/;csv", timeout=1) as r:
+            rows = [line.split(",") for line in r.read().decode().splitlines()]
+    except OSError:
+        return -1
+    status = rows[0].index("status") if rows and "status" in rows[0] else 17
+    return sum(1 for row in rows[1:] if len(row) > status and row[0] == backend
+               and row[1] not in ("FRONTEND", "BACKEND") and row[status].startswith("UP"))
+
+
 def test_kill_the_redis_master(cluster):
     master = cluster.redis_master()
     try:
         with load(cluster) as (pubs, _queue, _fan):
             wait_progress(pubs, 100)
             killed = time.monotonic()
+            timeline = Timeline(cluster, killed)
+            timeline.start()
             cluster.kill_redis(master[1])
             from deploy.local import _wait
 
-            _wait(lambda: cluster.redis_master() != master, 120, "Sentinel to fail over")
+            _wait(lambda: cluster.redis_master() != master, 120, "Sentinel to fail over",
+                  interval=0.05)
             note("Sentinel failed over", time.monotonic() - killed)
             wait_progress(pubs, 50)
             # Delivery (wake-ups through the new master) resumes: the drain on the way out
             # checks every confirmed message arrives.
             note("publishing resumed after the Redis master was killed",
                  time.monotonic() - killed)
+            time.sleep(3)
+            timeline.report()
     finally:
         from deploy.local import REDIS_PORTS
 
