@@ -1,6 +1,6 @@
 """A whole cluster on this machine, from the files in deploy/ (docs/cluster.md):
 
-    python -m deploy.local up [--nodes 3]    (make cluster)
+    python -m deploy.local up [--nodes 3] [--spark]    (make cluster [CLUSTER_ARGS=--spark])
     python -m deploy.local down              (make cluster-stop)
     python -m deploy.local status
 
@@ -621,8 +621,9 @@ class LocalCluster:
                  f"  PostgreSQL      {self.database_url} (leader: {self.pg_leader()})",
                  f"  Redis Sentinels {', '.join(f'{h}:{p}' for h, p in self.sentinels)} "
                  f"(master {self.redis_master()})",
-                 *([f"  Spark master    {self.spark_master} ({self.spark_workers()} workers;"
-                    f" runreport --master {self.spark_master})"]
+                 *([f"  Spark master    {self.spark_master} (runreport --master "
+                    f"{self.spark_master}; web UI http://{self.nodes[0].addr}:"
+                    f"{SPARK_PORTS['master_ui']}/)"]
                    if "spark-master" in self.procs else []),
                  f"  logs            {self.base / 'logs'}",
                  "  Stop with: make cluster-stop"]

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
+from itertools import pairwise
 
 import pytest
 
@@ -217,6 +218,8 @@ def test_kill_the_postgresql_primary(cluster):
         with load(cluster) as (pubs, _queue, _fan):
             wait_progress(pubs, 100)
             killed = time.monotonic()
+            timeline = Timeline(cluster, killed, pubs)
+            timeline.start()
             cluster.kill_pg_member(leader)
             from deploy.local import _wait
 
@@ -225,6 +228,8 @@ def test_kill_the_postgresql_primary(cluster):
             wait_progress(pubs, 50)
             note("publishing resumed after the PostgreSQL primary was killed",
                  time.monotonic() - killed)
+            time.sleep(3)
+            timeline.report()
     finally:
         cluster.restart_pg_member(leader)
         from deploy.local import HUB as hub
@@ -238,19 +243,25 @@ class Timeline(threading.Thread):
     """From a failure on, polls what a resume is made of, for the record: when every node's
     own /readyz answers 200 again, and when HAProxy counts every SMQP node UP again."""
 
-    def __init__(self, cluster, since: float) -> None:
+    def __init__(self, cluster, since: float, pubs) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.since, self.done = cluster, since, threading.Event()
+        self.cluster, self.since, self.pubs = cluster, since, pubs
+        self.done = threading.Event()
         self.marks: dict[str, float] = {}
+        self.confirms: list[float] = []  # when the confirmed count grew, since the failure
 
-    def mark(self, what: str, once: bool = True) -> None:
-        if not (once and what in self.marks):
-            self.marks[what] = time.monotonic() - self.since
+    def mark(self, what: str) -> None:
+        """The first time ``what`` was seen."""
+        self.marks.setdefault(what, time.monotonic() - self.since)
 
     def run(self) -> None:
         from deploy.local import http_status
 
+        count = progress(self.pubs)
         while not self.done.is_set():
+            if progress(self.pubs) > count:
+                count = progress(self.pubs)
+                self.confirms.append(time.monotonic() - self.since)
             try:
                 ready = all(http_status(n.url("health", "/readyz"), timeout=1) == 200
                             for n in self.cluster.nodes)
@@ -260,18 +271,23 @@ class Timeline(threading.Thread):
             if not ready:
                 self.mark("a node not ready")
             elif "a node not ready" in self.marks:
-                self.mark("every node ready again", once=False)
+                self.mark("every node ready again")
             if up < len(self.cluster.nodes):
                 self.mark("HAProxy took a node out")
                 if up == 0:
                     self.mark("HAProxy had no SMQP node")
             elif "HAProxy took a node out" in self.marks:
-                self.mark("HAProxy had every node back", once=False)
+                self.mark("HAProxy had every node back")
             time.sleep(0.1)
 
     def report(self) -> None:
         self.done.set()
         self.join(5)
+        # No publish confirmed from the failure to the end of the longest pause after it.
+        times = [0.0, *self.confirms]
+        gaps = [(b - a, b) for a, b in pairwise(times)]
+        if gaps:
+            self.marks["first publish confirmed after the longest pause"] = max(gaps)[1]
         for what, at in sorted(self.marks.items(), key=lambda item: item[1]):
             note(what, at)
 
@@ -296,7 +312,7 @@ def test_kill_the_redis_master(cluster):
         with load(cluster) as (pubs, _queue, _fan):
             wait_progress(pubs, 100)
             killed = time.monotonic()
-            timeline = Timeline(cluster, killed)
+            timeline = Timeline(cluster, killed, pubs)
             timeline.start()
             cluster.kill_redis(master[1])
             from deploy.local import _wait
