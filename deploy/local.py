@@ -63,7 +63,7 @@ SUPER_PASSWORD, REPL_PASSWORD = "postgres-cluster", "replicator-cluster"
 PATRONI_TTL, PATRONI_LOOP, PATRONI_RETRY = 10, 2, 4
 # Sentinel: a master is down after 1 s without an answer. failover-timeout also bounds an
 # election that no Sentinel won (three that ask at once can split their votes): the next try
-# waits twice that, so 10 s (a split vote once made a failover take 15.8 s) is cut to 3 s.
+# waits twice that. 10 s made such a failover take 10-20 s (likely the 15.8 s seen once).
 # Production: down-after 5000, failover-timeout 30000 over a real network (docs/cluster.md).
 SENTINEL_DOWN_MS, SENTINEL_FAILOVER_MS = 1000, 3000
 

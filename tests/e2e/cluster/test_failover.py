@@ -122,77 +122,102 @@ def locks_in_store(database_url: str, smuids: list[int]) -> dict[int, tuple[str,
             (smuids,)).fetchall()}
 
 
-def take_locks_on(node) -> tuple[list, list[int]]:
-    """Queue sessions on ``node`` itself (not through HAProxy) that take items of /jobs and
-    hold their locks without consuming them: an SMQP session (account q3, one lock) and an
-    XMPP stream (account xh, 3 locks). Their sessions and the items they hold."""
-    from deploy.local import NODE_PORTS
-    from tests.support.queue_clients import smuid_in
+LOCK_ITEMS = 6
+
+
+def hold_locks_on(node, database_url: str) -> tuple[list, list[int], set[int]]:
+    """Queue sessions on ``node`` itself (not through HAProxy) that take items of the lock
+    test's topic and hold their locks without consuming them: an SMQP session (one lock at a
+    time) and an XMPP stream (``queue_requests`` 3). Publishes the items, waits until each
+    holder has a lock in the store: (the holders' sessions, the items, those locked)."""
+    from deploy.local import NODE_PORTS, _wait
     from tests.support.smqp_session import Session
 
-    from .xmpp_load import XmppHolder
+    from .xmpp_load import LOCK_HOLDERS, LOCKS_TOPIC, XmppHolder
 
-    smqp = Session(node.addr, NODE_PORTS["smqp"], "q3", timeout=60)
-    assert smqp.command("SUB MESSAGE /jobs").code == 200
-    xmpp = XmppHolder(f"ws://{node.addr}:{NODE_PORTS['http']}/xmpp-websocket", count=3)
-    held = [smuid_in(smqp.message(timeout=120)), *xmpp.take()]
-    return [smqp, xmpp.s], held
+    smqp = Session(node.addr, NODE_PORTS["smqp"], LOCK_HOLDERS["smqp"], timeout=60)
+    assert smqp.command(f"SUB MESSAGE {LOCKS_TOPIC}").code == 200
+    xmpp = XmppHolder(f"ws://{node.addr}:{NODE_PORTS['http']}/xmpp-websocket",
+                      LOCK_HOLDERS["xmpp"], LOCKS_TOPIC, count=3)
+    with Session(HUB, FRONT["smqp"], "pub", timeout=60) as pub:
+        items = []
+        for i in range(LOCK_ITEMS):
+            reply = pub.publish(LOCKS_TOPIC, f"lock-{i}")
+            assert reply.code == 200, reply
+            items.append(int(reply.lines[-1].split()[-1]))
 
+    def holders_of_locks() -> dict[int, str]:
+        """Item → the holder account whose session has it locked."""
+        return {m: holder for m, (state, holder) in locks_in_store(database_url, items).items()
+                if state == "notified" and holder.startswith(tuple(LOCK_HOLDERS.values()))}
 
-def end_subscriptions(accounts: dict[str, str]) -> None:
-    """Unsubscribe the lock holders' accounts (through HAProxy), so that later tests' items
-    do not wait for their turn at accounts nobody serves."""
-    from tests.support.smqp_session import Session
-    from tests.support.xmpp_session import XmppSession
-
-    with Session(HUB, FRONT["smqp"], accounts["smqp"], timeout=60) as s:
-        s.command("UNSUB MESSAGE /jobs")
-    x = XmppSession(XMPP_URL, timeout=60)
-    try:
-        x.login(accounts["xmpp"], resource="cleanup")
-        x.pubsub("set", f"<unsubscribe node='/jobs' jid='{x.jid.split('/')[0]}'/>")
-    finally:
-        x.close()
+    # A lock's holder is the session's guid: its account name and a number.
+    _wait(lambda: {h.rstrip("0123456789") for h in holders_of_locks().values()}
+          == set(LOCK_HOLDERS.values()), 60, "both holders to lock an item")
+    return [smqp, xmpp.s], items, set(holders_of_locks())
 
 
 def test_kill_a_broker_node_under_load(cluster):
-    """Besides the load's promises: the locks that sessions on the killed node held end, and
-    each of those items is consumed once, by a live session."""
+    """Besides the load's promises: the locks that sessions on the killed node held (SMQP
+    and XMPP) end, and each of those items is consumed once, by a live session."""
+    from deploy.local import _wait
+
+    from .xmpp_load import LOCK_WORKERS, LOCKS_RETRY, LOCKS_TOPIC
+
     victim = cluster.nodes[0]
+    killed_it = False
     holders: list = []
+    stop_live = threading.Event()
+    live: list = []
     try:
-        with load(cluster) as (pubs, queue, _fan):
+        with load(cluster) as (pubs, _queue, _fan):
             wait_progress(pubs, 100)
-            holders, held = take_locks_on(victim)
-            locks = locks_in_store(cluster.database_url, held)
-            assert all(locks[m][0] == "notified" and locks[m][1].startswith(("q3", "xh"))
-                       for m in held), f"not locked by the holders on {victim.name}: {locks}"
+            holders, items, locked = hold_locks_on(victim, cluster.database_url)
             killed = time.monotonic()
             cluster.kill_node(victim)
+            killed_it = True
             for s in holders:
                 s.close()
+            # The dead node's locks are still in the store: nobody released them.
+            left = {m for m, (state, _) in locks_in_store(cluster.database_url, items).items()
+                    if state == "notified" and m in locked}
+            note(f"{len(left)} locks left by the killed node's SMQP and XMPP sessions "
+                 f"(lock timeout {LOCKS_RETRY} s), checked", time.monotonic() - killed)
+            assert left, "the holders' locks ended before their node was killed"
             note("publishing resumed after a node was killed", wait_progress(pubs, 50))
             note("since the kill", time.monotonic() - killed)
-            from deploy.local import _wait
+            live = [Consumer("ls", HUB, FRONT["smqp"], stop_live, LOCK_WORKERS["smqp"],
+                             LOCKS_TOPIC),
+                    XmppQueueWorker("lx", XMPP_URL, stop_live, LOCK_WORKERS["xmpp"],
+                                    node=LOCKS_TOPIC)]
+            for w in live:
+                w.start()
+                assert w.ready.wait(60)
 
             def consumers_of(smuid: int) -> list[str]:
-                return [q.name for q in queue for m in q.acked if m == smuid]
+                return [w.name for w in live for m in w.acked if m == smuid]
 
-            _wait(lambda: all(consumers_of(m) for m in held), 240,
-                  "the killed node's locked items to be consumed by live sessions")
-            note(f"the killed node's {len(held)} locked items consumed by live sessions "
-                 f"(retry timeout {RETRY} s) since the kill", time.monotonic() - killed)
-            consumed_by = {m: consumers_of(m) for m in held}
+            _wait(lambda: all(consumers_of(m) for m in items)
+                  or any(w.failure for w in live), 240,
+                  "every item of the lock test to be consumed by live sessions")
+            check([w.failure for w in live])
+            note(f"the killed node's locked items consumed by live sessions (lock timeout "
+                 f"{LOCKS_RETRY} s, lock sweep every 5 s), since the kill",
+                 time.monotonic() - killed)
+            time.sleep(2)  # an item sent again would show now
+            consumed_by = {m: consumers_of(m) for m in items}
             assert all(len(who) == 1 for who in consumed_by.values()), consumed_by
-            final = locks_in_store(cluster.database_url, held)
+            final = locks_in_store(cluster.database_url, items)
             assert all(state == "acked" for state, _ in final.values()), final
-            time.sleep(5)
     finally:
+        stop_live.set()
+        for w in live:
+            w.join(30)
         for s in holders:
             s.close()
-        cluster.start_node(victim)
-        cluster.wait_node_ready(victim)
-        end_subscriptions({"smqp": "q3", "xmpp": "xh"})
+        if killed_it:
+            cluster.start_node(victim)
+            cluster.wait_node_ready(victim)
 
 
 def test_cut_a_nodes_link_for_30_seconds(cluster):

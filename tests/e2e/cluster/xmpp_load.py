@@ -27,24 +27,42 @@ from tests.support.xmpp_session import (
 
 XMPP_QUEUE = ["xq0", "xq1"]
 XMPP_FAN = ["xf0"]
-XMPP_HOLDER = "xh"  # holds locks on a node that is then killed (never consumes)
+# The lock test (test_kill_a_broker_node_under_load): a queue topic of its own, whose locks
+# outlast setting the test up on a busy machine; holders on the node that is killed (SMQP
+# and XMPP) and, once it is dead, live workers (SMQP and XMPP) through HAProxy.
+LOCKS_TOPIC, LOCKS_RETRY = "/locks", 20
+LOCK_HOLDERS = {"smqp": "hs", "xmpp": "xh"}
+LOCK_WORKERS = {"smqp": "ls", "xmpp": "lx"}
 
-XMPP_SETUP = """
+XMPP_SETUP = f"""
 from accounts.models import Account
 from topics.models import Topic
 from ual.models import UALEntry
+from broker.services import topics as ts
+from ual.resolution import AccessSnapshot
 
-for name in %r:
+if not Topic.objects.filter(path={LOCKS_TOPIC!r}).exists():
+    ts.create_topic(AccessSnapshot(Account.objects.get(username='root')), {LOCKS_TOPIC!r})
+Topic.objects.filter(path={LOCKS_TOPIC!r}).update(delivery_mode='queue',
+                                                 retry_timeout={LOCKS_RETRY}, max_retries=1000)
+
+def grant(name, paths, rights):
     a = Account.objects.filter(username=name).first()
     if a is None:
         a = Account(username=name)
         a.set_password('pw')
         a.save()
-    for path in ('/jobs', '/fan'):
-        for right in ('publish', 'subscribe'):
+    for path in paths:
+        for right in rights:
             UALEntry.objects.get_or_create(topic=Topic.objects.get(path=path),
                                            principal_kind='account', account=a, right=right)
-""" % (XMPP_QUEUE + XMPP_FAN + [XMPP_HOLDER])
+
+for name in {XMPP_QUEUE + XMPP_FAN!r}:
+    grant(name, ('/jobs', '/fan'), ('publish', 'subscribe'))
+for name in {[*LOCK_HOLDERS.values(), *LOCK_WORKERS.values()]!r}:
+    grant(name, ({LOCKS_TOPIC!r},), ('subscribe',))
+grant('pub', ({LOCKS_TOPIC!r},), ('publish',))
+"""
 
 BROKEN = (StreamEnded, OSError, ConnectionError, AssertionError, websocket.WebSocketException)
 
@@ -197,8 +215,7 @@ class XmppHolder:
     """A queue worker that takes ``count`` items and holds their locks without consuming
     them (on one node, reached directly): what a worker on a machine that dies leaves."""
 
-    def __init__(self, url: str, account: str = XMPP_HOLDER, node: str = "/jobs",
-                 count: int = 3) -> None:
+    def __init__(self, url: str, account: str, node: str, count: int) -> None:
         self.s = XmppSession(url, timeout=30)
         self.s.login(account, resource="holder")
         reply = self.s.reply(subscribe_iq(self.s, node, count))
