@@ -115,8 +115,10 @@ cluster-deps: python-deps
 	  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null || missing="$${missing:-} postgresql"; \
 	  if [ -n "$${missing:-}" ]; then echo "installing$$missing"; $(call apt_install,$$missing); fi
 
+# CLUSTER_ARGS=--spark adds a Spark standalone cluster of the nodes (runreport --master).
+CLUSTER_ARGS ?=
 cluster: cluster-deps
-	$(SUDO) $(PY) -m deploy.local up
+	$(SUDO) $(PY) -m deploy.local up $(CLUSTER_ARGS)
 
 cluster-stop: python-deps
 	$(SUDO) $(PY) -m deploy.local down

@@ -1,6 +1,6 @@
 """A whole cluster on this machine, from the files in deploy/ (docs/cluster.md):
 
-    python -m deploy.local up [--nodes 3]    (make cluster)
+    python -m deploy.local up [--nodes 3] [--spark]    (make cluster [CLUSTER_ARGS=--spark])
     python -m deploy.local down              (make cluster-stop)
     python -m deploy.local status
 
@@ -52,13 +52,20 @@ SENTINEL_PORTS = [26379, 26380, 26381]
 FRONT = {"smqp": 7200, "qqp": 2626, "http": 8000, "pg": 5000, "stats": 8404}
 # Ports on each node's own address.
 NODE_PORTS = {"smqp": 7200, "health": 7210, "http": 8000, "qqp": 2626}
+# Spark standalone (``up --spark``): the master on the first node, a worker on every node.
+SPARK_PORTS = {"master": 7077, "master_ui": 8080, "worker_ui": 8081}
+SPARK_WORKER_CORES, SPARK_WORKER_MEMORY, SPARK_EXECUTOR_MEMORY = 1, "768m", "512m"
 
 MASTER_NAME = "smqp"
 DB_NAME, DB_USER, DB_PASSWORD = "smqp", "smqp", "smqp-cluster"
 SUPER_PASSWORD, REPL_PASSWORD = "postgres-cluster", "replicator-cluster"
 # Quick failure detection for a cluster on one machine (production: ttl 30, loop_wait 10).
 PATRONI_TTL, PATRONI_LOOP, PATRONI_RETRY = 10, 2, 4
-SENTINEL_DOWN_MS, SENTINEL_FAILOVER_MS = 2000, 10000
+# Sentinel: a master is down after 1 s without an answer. failover-timeout also bounds an
+# election that no Sentinel won (three that ask at once can split their votes): the next try
+# waits twice that. 10 s made such a failover take 10-20 s (likely the 15.8 s seen once).
+# Production: down-after 5000, failover-timeout 30000 over a real network (docs/cluster.md).
+SENTINEL_DOWN_MS, SENTINEL_FAILOVER_MS = 1000, 3000
 
 
 class ClusterError(RuntimeError):
@@ -105,6 +112,14 @@ def _pg_bin_dir() -> str:
     if found:
         return str(Path(found).parent)
     raise ClusterError("no PostgreSQL server binaries (make cluster installs postgresql)")
+
+
+def _spark_home() -> str:
+    """Spark as PySpark ships it (bin/spark-class; the pip package has no sbin scripts but
+    spark-daemon.sh, so the master and the workers are started by their classes)."""
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
 
 
 @dataclass
@@ -361,6 +376,83 @@ class LocalCluster:
               f"node {node.name} to be ready (log: {self.base / 'logs' / node.name}.log)",
               interval=0.5)
 
+    # --- Spark standalone -------------------------------------------------------------------
+    @property
+    def spark_master(self) -> str:
+        return f"spark://{self.nodes[0].addr}:{SPARK_PORTS['master']}"
+
+    def spark_env(self, node: Node) -> dict[str, str]:
+        """A Spark process on ``node``: its address, its logs and work under the node's
+        directory, the broker's Python for the executors' Python workers."""
+        env = self.node_env(node)
+        env.update(SPARK_HOME=_spark_home(), SPARK_LOCAL_IP=node.addr,
+                   SPARK_LOCAL_HOSTNAME=node.addr, SPARK_CONF_DIR=str(self.base / "spark-conf"),
+                   SPARK_LOG_DIR=str(self.base / node.name / "spark-logs"),
+                   SPARK_WORKER_DIR=str(self.base / node.name / "spark-work"),
+                   PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+        return env
+
+    def start_spark(self) -> None:
+        """A Spark standalone cluster of the nodes (what ``sbin/start-master.sh`` and
+        ``start-worker.sh`` run, in the foreground): the master on the first node, a
+        worker on each, all in the nodes' namespaces; returns once every worker has
+        registered. The report files are on ``shared/reports`` (SMQP_REPORTS_DIR), which
+        every node reads: on this machine one directory, on several machines NFS."""
+        spark_class = str(Path(_spark_home()) / "bin" / "spark-class")
+        first = self.nodes[0]
+        conf = self.base / "spark-conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "spark-defaults.conf").write_text(_render(
+            "spark-defaults.conf", executor_memory=SPARK_EXECUTOR_MEMORY))
+        self._spawn("spark-master", [
+            "ip", "netns", "exec", first.netns, spark_class,
+            "org.apache.spark.deploy.master.Master", "--host", first.addr,
+            "--port", str(SPARK_PORTS["master"]),
+            "--webui-port", str(SPARK_PORTS["master_ui"])], env=self.spark_env(first))
+        for node in self.nodes:
+            self._spawn(f"spark-worker-{node.name}", [
+                "ip", "netns", "exec", node.netns, spark_class,
+                "org.apache.spark.deploy.worker.Worker", "--host", node.addr,
+                "--cores", str(SPARK_WORKER_CORES), "--memory", SPARK_WORKER_MEMORY,
+                "--webui-port", str(SPARK_PORTS["worker_ui"]),
+                "--work-dir", str(self.base / node.name / "spark-work"),
+                self.spark_master], env=self.spark_env(node))
+        _wait(lambda: self.spark_workers() == len(self.nodes), 240,
+              f"{len(self.nodes)} Spark workers to register with {self.spark_master}",
+              interval=1)
+
+    def stop_spark(self) -> None:
+        for name in [n for n in self.procs if n.startswith("spark-")]:
+            self._kill_group(name, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(
+                self._alive(pid) for n, pid in self.procs.items() if n.startswith("spark-")):
+            time.sleep(0.2)
+        for name in [n for n in self.procs if n.startswith("spark-")]:
+            self._kill_group(name)
+            del self.procs[name]
+        self._save()
+
+    def spark_workers(self) -> int:
+        """How many workers the master counts alive (its web UI's JSON)."""
+        url = f"http://{self.nodes[0].addr}:{SPARK_PORTS['master_ui']}/json/"
+        with urllib.request.urlopen(url, timeout=3) as reply:
+            state = json.load(reply)
+        return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+    def manage_on(self, node: Node, *args: str, timeout: float = 900) -> str:
+        """``manage.py`` run on ``node`` (in its namespace, with its environment), as an
+        operator runs ``runreport`` on one of the nodes: a Spark driver there is reached by
+        the executors at the node's address."""
+        result = subprocess.run(
+            ["ip", "netns", "exec", node.netns, sys.executable, str(ROOT / "manage.py"),
+             *args], env=self.spark_env(node), cwd=ROOT, capture_output=True, text=True,
+            timeout=timeout)
+        if result.returncode != 0:
+            raise ClusterError(f"manage.py {' '.join(args)} on {node.name}: "
+                               f"{result.stdout[-2000:]}{result.stderr[-3000:]}")
+        return result.stdout
+
     # --- what the tests break -------------------------------------------------------------
     def node_pids(self, node: Node) -> list[int]:
         out = _run("ip", "netns", "pids", node.netns, check=False).stdout
@@ -529,6 +621,10 @@ class LocalCluster:
                  f"  PostgreSQL      {self.database_url} (leader: {self.pg_leader()})",
                  f"  Redis Sentinels {', '.join(f'{h}:{p}' for h, p in self.sentinels)} "
                  f"(master {self.redis_master()})",
+                 *([f"  Spark master    {self.spark_master} (runreport --master "
+                    f"{self.spark_master}; web UI http://{self.nodes[0].addr}:"
+                    f"{SPARK_PORTS['master_ui']}/)"]
+                   if "spark-master" in self.procs else []),
                  f"  logs            {self.base / 'logs'}",
                  "  Stop with: make cluster-stop"]
         return "\n".join(lines)
@@ -539,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--spark", action="store_true",
+                        help="also a Spark standalone cluster of the nodes (for runreport)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(nodes=args.nodes)
     if args.action == "down":
@@ -558,6 +656,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster not started: {exc}", file=sys.stderr)
         return 1
     cluster.manage("bootstrapadmin")
+    if args.spark:
+        try:
+            cluster.start_spark()
+        except ClusterError as exc:
+            print(f"Spark not started: {exc}", file=sys.stderr)
+            return 1
     print(cluster.describe())
     return 0
 

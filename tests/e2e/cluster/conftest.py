@@ -43,7 +43,10 @@ def cluster():
     try:
         from tests.support.cluster_load import SETUP
 
+        from .xmpp_load import XMPP_SETUP
+
         c.manage("shell", "--no-imports", "-c", SETUP)
+        c.manage("shell", "--no-imports", "-c", XMPP_SETUP)
         yield c
     finally:
         if not reuse:
