@@ -628,8 +628,9 @@ def seed(broker: BrokerEnv, slots: list[Slot]) -> None:
 
 
 def run_door(slot: Slot, args: argparse.Namespace, host: str, port: int, ws_url: str,
-             http_url: str) -> Outcome:
-    """Publish the items to the slot's topic, then drain it at the case's door."""
+             http_url: str, database_url: str = "") -> Outcome:
+    """Publish the items to the slot's topic, then drain it at the case's door (with
+    ``--analyze``, PostgreSQL's statistics brought up to date in between)."""
     case = slot.case
     if case.kind == "xmpp":  # the account's subscription, before the items exist
         first = _XMPP(ws_url, slot.user)
@@ -641,6 +642,8 @@ def run_door(slot: Slot, args: argparse.Namespace, host: str, port: int, ws_url:
         root.publish_many(slot.topic, [item_body(n, args.size) for n in range(args.items)])
     finally:
         root.sock.close()
+    if args.analyze and database_url.startswith("postgres"):
+        analyze(database_url)
     if case.kind == "smqp":
         runners = [smqp_worker(host, port, slot.user, case.window)
                    for _ in range(args.workers)]
@@ -656,6 +659,16 @@ def run_door(slot: Slot, args: argparse.Namespace, host: str, port: int, ws_url:
         runners = [rest_worker(http_url, slot.token, sub, case.window,
                                each=case.kind == "rest-each") for _ in range(args.workers)]
     return drain(case.name, args.items, args.budget, runners)
+
+
+def analyze(database_url: str) -> None:
+    """``ANALYZE``: what autovacuum does on a server where it runs (the test server here has
+    it off, and a fresh database then has no statistics: PostgreSQL plans the pull's join
+    as for empty tables, a nested loop over the topic's messages for each delivery)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
 
 
 def run_peer(case: Case, args: argparse.Namespace) -> Outcome:
@@ -724,6 +737,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "profile 9.7, reported as refused by a server without it)")
     parser.add_argument("--cases", type=parse_kinds, default=DOORS + PEERS,
                         help=f"which kinds to run ({','.join(DOORS + PEERS)})")
+    parser.add_argument("--analyze", action="store_true",
+                        help="PostgreSQL: ANALYZE after publishing each door case's items "
+                             "(as autovacuum would; off on the test server)")
     parser.add_argument("--no-json", action="store_true", help="do not write a results file")
 
 
@@ -766,7 +782,8 @@ def main(args: argparse.Namespace) -> int:
                         try:
                             if case.is_door:
                                 outcome = run_door(pending[case].pop(0), args, broker.host,
-                                                   broker.port, ws_url, http_url)
+                                                   broker.port, ws_url, http_url,
+                                                   broker.database_url)
                             else:
                                 outcome = run_peer(case, args)
                         except Exception as exc:  # publishing the items, or setting up
