@@ -9,4 +9,16 @@ class ApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.contrib.auth import get_user_model
+        from django.db.models.signals import post_delete, post_save
+
         from . import schema  # noqa: F401  (registers the bearer scheme with drf-spectacular)
+        from .models import ApiToken
+        from .tokens import forget_checked
+
+        # A token or an account saved or deleted here is read again at once (elsewhere
+        # within SMQP_API_TOKEN_CACHE_SECONDS).
+        for model in (ApiToken, get_user_model()):
+            post_save.connect(forget_checked, sender=model, dispatch_uid=f"api-{model}-save")
+            post_delete.connect(forget_checked, sender=model,
+                                dispatch_uid=f"api-{model}-delete")

@@ -18,6 +18,7 @@ from broker.domain.values import (
     parse_timeout,
     validate_keyword,
 )
+from broker.services import pull as pull_service
 from topics.models import QUEUE_PARAMETERS, Topic
 from ual.models import Effect, PrincipalKind, Right
 
@@ -354,6 +355,27 @@ class PulledSerializer(MessageSerializer):
 
 class PullSerializer(serializers.Serializer):
     messages = PulledSerializer(many=True)
+
+
+class ReceiptsRequestSerializer(Body):
+    receipts = serializers.ListField(
+        child=serializers.CharField(max_length=200, allow_blank=True, trim_whitespace=False),
+        min_length=1, max_length=pull_service.RECEIPTS_MAX,
+        help_text="Receipts of pulled messages, each answered on its own.")
+
+
+class ReceiptOutcomeSerializer(serializers.Serializer):
+    receipt = serializers.CharField()
+    outcome = serializers.ChoiceField(
+        choices=[o.value for o in pull_service.Outcome],
+        help_text="consumed (ack) or released (nack); expired: the lock is not held (any "
+                  "more), nothing changed; unknown: no such message for this account.")
+    status = serializers.IntegerField(
+        help_text="What a single ack / nack of the receipt answers: 204, 409 or 404.")
+
+
+class ReceiptsResultSerializer(serializers.Serializer):
+    results = ReceiptOutcomeSerializer(many=True, help_text="One per receipt, in order.")
 
 
 # ----------------------------------------------------------------------------------- UAL

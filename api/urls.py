@@ -63,10 +63,10 @@ def offthread(view_class: type, executor: ThreadPoolExecutor = VIEW_THREADS) -> 
     return entry
 
 
-def pull_entry(view_class: type) -> object:
-    """:func:`offthread` on the pull threads, with the event loop's dispatcher for the view
-    to wait on (:mod:`api.pullwait`)."""
-    entry = offthread(view_class, PULL_THREADS)
+def pull_entry(view_class: type, executor: ThreadPoolExecutor = PULL_THREADS) -> object:
+    """:func:`offthread` (on the pull threads by default), with the event loop's dispatcher
+    for the view to wait on and count with (:mod:`api.pullwait`)."""
+    entry = offthread(view_class, executor)
 
     @csrf_exempt
     async def pull(request, *args, **kwargs):
@@ -93,8 +93,10 @@ v1 = [
     path("subscriptions/", offthread(views.SubscriptionsView)),
     path("subscriptions/<id:pk>", offthread(views.SubscriptionView)),
     path("subscriptions/<id:pk>/pull", pull_entry(views.PullView)),
-    path("receipts/<str:receipt>/ack", offthread(views.AckView)),
-    path("receipts/<str:receipt>/nack", offthread(views.NackView)),
+    path("receipts/ack", pull_entry(views.AcksView, VIEW_THREADS)),
+    path("receipts/nack", pull_entry(views.NacksView, VIEW_THREADS)),
+    path("receipts/<str:receipt>/ack", pull_entry(views.AckView, VIEW_THREADS)),
+    path("receipts/<str:receipt>/nack", pull_entry(views.NackView, VIEW_THREADS)),
     path("ual/entries/", offthread(views.EntriesView)),
     path("ual/entries/<id:pk>", offthread(views.EntryView)),
     path("ual/explain", offthread(views.ExplainView)),

@@ -477,28 +477,42 @@ class PullView(APIView):
         ``receipt`` to ACK or NACK; waits up to ``wait_seconds`` for the first."""
         data = valid(s.PullRequestSerializer, request.data)
         snap = snapshot(request)
-        pull_service.subscription_of(snap, pk)  # 404 before any wait
+        sub = pull_service.subscription_of(snap, pk)  # 404 before any wait
         deadline = time.monotonic() + min(data["wait_seconds"],
                                           settings.SMQP_API_PULL_MAX_WAIT)
-        wakeups = getattr(request, "pull_wakeups", None)
-        watching = wakeups.watching if wakeups is not None else pullwait.no_wakeups
-        with watching(snap.account.pk) as woken:
-            while True:
-                woken.clear()  # before the look: a commit after it sets it again
-                got = pull_service.pull(snap, pk, data["max"])
-                remaining = deadline - time.monotonic()
-                if got or remaining <= 0:
-                    break
-                # Woken by a commit for the account; the store is also looked at now and
-                # then for what no commit announces (a lock that ran out).
-                woken.wait(min(settings.SMQP_API_PULL_POLL_SECONDS, remaining))
+        got = pull_service.pull(snap, sub, data["max"])
+        if not got and deadline > time.monotonic():
+            wakeups = getattr(request, "pull_wakeups", None)
+            watching = wakeups.watching if wakeups is not None else pullwait.no_wakeups
+            # Only now waits with the dispatcher (a hop to its loop), and looks again once
+            # watching: a commit after the first look is not missed.
+            with watching(snap.account.pk) as woken:
+                while True:
+                    woken.clear()  # before the look: a commit after it sets it again
+                    got = pull_service.pull(snap, sub, data["max"])
+                    remaining = deadline - time.monotonic()
+                    if got or remaining <= 0:
+                        break
+                    # Woken by a commit for the account; the store is also looked at now
+                    # and then for what no commit announces (a lock that ran out).
+                    woken.wait(min(settings.SMQP_API_PULL_POLL_SECONDS, remaining))
         # Handed out (each lock committed): the REST form of a NOTIFY MESSAGE, counted as
         # "deliver" with the listeners' ones.
-        if got:
-            opsmetrics.count_now("deliver", len(got))
+        count(request, "deliver", len(got))
         return Response({"messages": [
             {**message_data(p.smuid, p.topic, p.cmuid, p.message), "receipt": p.receipt,
              "deadline": p.deadline, "attempts": p.attempts} for p in got]})
+
+
+def count(request: Request, kind: str, n: int = 1) -> None:
+    """Count ``n`` of a rate kind: with the dispatcher's own counts when the view runs beside
+    one (:func:`api.urls.pull_entry`), else at once."""
+    if n > 0:
+        wakeups = getattr(request, "pull_wakeups", None)
+        if wakeups is not None:
+            wakeups.count(kind, n)
+        else:
+            opsmetrics.count_now(kind, n)
 
 
 RECEIPT_PARAM = OpenApiParameter("receipt", OpenApiTypes.STR, OpenApiParameter.PATH)
@@ -509,7 +523,7 @@ class AckView(APIView):
     def post(self, request: Request, receipt: str) -> Response:
         """Consume the message (once, whatever door asks); 409 if the lock has ended."""
         pull_service.ack(snapshot(request), receipt)
-        opsmetrics.count_now("ack")  # committed (a refused ACK raised above)
+        count(request, "ack")  # committed (a refused ACK raised above)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -520,6 +534,33 @@ class NackView(APIView):
         account (fan-out); 409 if the lock has ended."""
         pull_service.nack(snapshot(request), receipt)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def outcomes_data(receipts: list[str], outcomes: list[pull_service.Outcome]) -> dict:
+    return {"results": [{"receipt": r, "outcome": o.value, "status": o.status}
+                        for r, o in zip(receipts, outcomes, strict=True)]}
+
+
+class AcksView(APIView):
+    @extend_schema(request=s.ReceiptsRequestSerializer, responses=s.ReceiptsResultSerializer)
+    def post(self, request: Request) -> Response:
+        """Consume the messages of several receipts in one transaction, each as its own ack
+        would (once, only while its lock holds); answered per receipt, in order, once
+        committed."""
+        receipts = valid(s.ReceiptsRequestSerializer, request.data)["receipts"]
+        outcomes, _ = pull_service.ack_many(snapshot(request), receipts)
+        count(request, "ack", outcomes.count(pull_service.Outcome.CONSUMED))
+        return Response(outcomes_data(receipts, outcomes))
+
+
+class NacksView(APIView):
+    @extend_schema(request=s.ReceiptsRequestSerializer, responses=s.ReceiptsResultSerializer)
+    def post(self, request: Request) -> Response:
+        """Let the messages of several receipts go at once, each as its own nack would;
+        answered per receipt, in order."""
+        receipts = valid(s.ReceiptsRequestSerializer, request.data)["receipts"]
+        outcomes, _ = pull_service.nack_many(snapshot(request), receipts)
+        return Response(outcomes_data(receipts, outcomes))
 
 
 # ------------------------------------------------------------------------------------- UAL

@@ -14,8 +14,11 @@ then ``--workers`` (4) workers of one account (a fresh account per case) drain i
   (profile §9.7; a server without it refuses, and the case says so);
 - ``xmpp q=N``: XMPP streams (WebSocket) subscribed with ``pubsub#queue_requests`` N, each
   retracting every item it is sent; an item counts when its retract is answered ``result``;
-- ``rest b=N``: REST pull (``max`` N, ``wait_seconds`` 1), then ``POST …/receipts/{r}/ack``
-  per item; an item counts when its ack is answered ``204``;
+- ``rest b=N``: REST pull (``max`` N, ``wait_seconds`` 1), then one batch ACK of what it
+  got (``POST …/receipts/ack`` with its receipts); an item counts when the answer says it
+  was ``consumed``;
+- ``rest-each b=N`` (run with ``rest``, or alone): the same pulls, then
+  ``POST …/receipts/{r}/ack`` per item; an item counts when its ack is answered ``204``;
 - ``rabbitmq p=N``: a durable queue with persistent, confirmed messages; ``basic.qos``
   prefetch N, ``basic.ack`` per delivery (not confirmed by the broker);
 - ``nats b=N``: a JetStream work-queue stream (file storage), one durable pull consumer with
@@ -61,7 +64,7 @@ from .xmpp import _SMQP, _XMPP, EVENT_ITEM, PUBSUB, _start_daphne
 NAME = "queue"
 PASSWORD = "pw"
 ROOT_USER = "root"
-DOORS = ("smqp", "xmpp", "rest")
+DOORS = ("smqp", "xmpp", "rest", "rest-each")
 PEERS = ("rabbitmq", "nats")
 #: The item number in a body: ``<job xmlns='urn:bench' n='00000042'>xxx…</job>``.
 ITEM_NUMBER = re.compile(rb"""n=['"](\d+)['"]""")
@@ -76,14 +79,15 @@ NATS_URL = "nats://127.0.0.1:4222"
 class Case:
     """One way of draining the queue: a door of the broker or a peer, with its window."""
 
-    kind: str  # smqp | xmpp | rest | rabbitmq | nats
+    kind: str  # smqp | xmpp | rest | rest-each | rabbitmq | nats
     window: int = 1
 
     @property
     def name(self) -> str:
         if self.kind == "smqp" and self.window == 1:
             return "smqp"  # the draft's one message in flight
-        letter = {"smqp": "w", "xmpp": "q", "rest": "b", "rabbitmq": "p", "nats": "b"}[self.kind]
+        letter = {"smqp": "w", "xmpp": "q", "rest": "b", "rest-each": "b", "rabbitmq": "p",
+                  "nats": "b"}[self.kind]
         return f"{self.kind} {letter}={self.window}"
 
     @property
@@ -115,7 +119,10 @@ def parse_kinds(text: str) -> tuple[str, ...]:
 def build_cases(kinds: Sequence[str], windows: Sequence[int],
                 smqp_windows: Sequence[int] = (1,)) -> list[Case]:
     """The cases of a round: SMQP once per ``smqp_windows`` (1: the draft's one message in
-    flight per session; more: ``SET NOTIFY WINDOW``), every other kind once per window."""
+    flight per session; more: ``SET NOTIFY WINDOW``), every other kind once per window.
+    ``rest`` (batch ACKs) brings ``rest-each`` (an ACK per item) with it: before and after."""
+    if "rest" in kinds and "rest-each" not in kinds:
+        kinds = [k for kind in kinds for k in ((kind, "rest-each") if kind == "rest" else (kind,))]
     cases = []
     for kind in kinds:
         chosen = smqp_windows if kind == "smqp" else windows
@@ -399,8 +406,10 @@ def rest_item_number(message: dict[str, Any]) -> int | None:
     return None
 
 
-def rest_worker(base: str, token: str, subscription: int, batch: int) -> Runner:
-    """Pull up to ``batch`` (long-poll 1 s), ACK each by its receipt."""
+def rest_worker(base: str, token: str, subscription: int, batch: int,
+                each: bool = False) -> Runner:
+    """Pull up to ``batch`` (long-poll 1 s), ACK them in one request (``each``: one request
+    per receipt)."""
 
     def run(tally: Tally, stop: threading.Event) -> None:
         import httpx
@@ -414,12 +423,25 @@ def rest_worker(base: str, token: str, subscription: int, batch: int) -> Runner:
                     tally.error(f"pull: {reply.status_code} {reply.text[:200]}")
                     time.sleep(0.2)
                     continue
-                for message in reply.json().get("messages", []):
-                    ack = client.post(f"/api/v1/receipts/{message['receipt']}/ack")
-                    if ack.status_code == 204:
-                        tally.consumed(rest_item_number(message))
-                    else:
-                        tally.error(f"ack: {ack.status_code} {ack.text[:200]}")
+                messages = reply.json().get("messages", [])
+                if each:
+                    for message in messages:
+                        ack = client.post(f"/api/v1/receipts/{message['receipt']}/ack")
+                        if ack.status_code == 204:
+                            tally.consumed(rest_item_number(message))
+                        else:
+                            tally.error(f"ack: {ack.status_code} {ack.text[:200]}")
+                elif messages:
+                    acks = client.post("/api/v1/receipts/ack", json={
+                        "receipts": [m["receipt"] for m in messages]})
+                    if acks.status_code != 200:
+                        tally.error(f"batch ack: {acks.status_code} {acks.text[:200]}")
+                        continue
+                    for message, result in zip(messages, acks.json()["results"], strict=True):
+                        if result["outcome"] == "consumed":
+                            tally.consumed(rest_item_number(message))
+                        else:
+                            tally.error(f"ack: {result['outcome']} {result['status']}")
 
     return run
 
@@ -571,7 +593,7 @@ for slot, kind in cfg["slots"].items():
     Topic.objects.filter(path=path).update(delivery_mode="queue")
     if kind != "xmpp":  # XMPP workers subscribe themselves, with their queue_requests
         Subscription.objects.create(account=account, resource="MESSAGE", pattern=path)
-    if kind == "rest":
+    if kind.startswith("rest"):
         tokens[slot] = create_token(account, "bench", None)[1]
 # A raw update bumps no tree generation: running processes must hear of the queue mode.
 tree.changed()
@@ -606,8 +628,9 @@ def seed(broker: BrokerEnv, slots: list[Slot]) -> None:
 
 
 def run_door(slot: Slot, args: argparse.Namespace, host: str, port: int, ws_url: str,
-             http_url: str) -> Outcome:
-    """Publish the items to the slot's topic, then drain it at the case's door."""
+             http_url: str, database_url: str = "") -> Outcome:
+    """Publish the items to the slot's topic, then drain it at the case's door (with
+    ``--analyze``, PostgreSQL's statistics brought up to date in between)."""
     case = slot.case
     if case.kind == "xmpp":  # the account's subscription, before the items exist
         first = _XMPP(ws_url, slot.user)
@@ -619,6 +642,8 @@ def run_door(slot: Slot, args: argparse.Namespace, host: str, port: int, ws_url:
         root.publish_many(slot.topic, [item_body(n, args.size) for n in range(args.items)])
     finally:
         root.sock.close()
+    if args.analyze and database_url.startswith("postgres"):
+        analyze(database_url)
     if case.kind == "smqp":
         runners = [smqp_worker(host, port, slot.user, case.window)
                    for _ in range(args.workers)]
@@ -631,9 +656,19 @@ def run_door(slot: Slot, args: argparse.Namespace, host: str, port: int, ws_url:
         subs = httpx.get(f"{http_url}/api/v1/subscriptions/", timeout=30, headers={
             "Authorization": f"Bearer {slot.token}"}).json()["results"]
         sub = next(s["id"] for s in subs if s["pattern"] == slot.topic)
-        runners = [rest_worker(http_url, slot.token, sub, case.window)
-                   for _ in range(args.workers)]
+        runners = [rest_worker(http_url, slot.token, sub, case.window,
+                               each=case.kind == "rest-each") for _ in range(args.workers)]
     return drain(case.name, args.items, args.budget, runners)
+
+
+def analyze(database_url: str) -> None:
+    """``ANALYZE``: what autovacuum does on a server where it runs (the test server here has
+    it off, and a fresh database then has no statistics: PostgreSQL plans the pull's join
+    as for empty tables, a nested loop over the topic's messages for each delivery)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
 
 
 def run_peer(case: Case, args: argparse.Namespace) -> Outcome:
@@ -695,13 +730,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a case may take before it stops and reports what it "
                              "consumed (60)")
     parser.add_argument("--windows", type=parse_windows, default=(1, 16),
-                        help="XMPP queue_requests / REST batch / RabbitMQ prefetch / NATS "
+                        help="XMPP queue_requests / REST pull max / RabbitMQ prefetch / NATS "
                              "pull batch values (1,16)")
     parser.add_argument("--smqp-windows", type=parse_windows, default=(1,),
                         help="SMQP delivery windows (1: the draft; more: SET NOTIFY WINDOW n, "
                              "profile 9.7, reported as refused by a server without it)")
     parser.add_argument("--cases", type=parse_kinds, default=DOORS + PEERS,
                         help=f"which kinds to run ({','.join(DOORS + PEERS)})")
+    parser.add_argument("--analyze", action="store_true",
+                        help="PostgreSQL: ANALYZE after publishing each door case's items "
+                             "(as autovacuum would; off on the test server)")
     parser.add_argument("--no-json", action="store_true", help="do not write a results file")
 
 
@@ -744,7 +782,8 @@ def main(args: argparse.Namespace) -> int:
                         try:
                             if case.is_door:
                                 outcome = run_door(pending[case].pop(0), args, broker.host,
-                                                   broker.port, ws_url, http_url)
+                                                   broker.port, ws_url, http_url,
+                                                   broker.database_url)
                             else:
                                 outcome = run_peer(case, args)
                         except Exception as exc:  # publishing the items, or setting up

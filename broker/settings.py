@@ -436,6 +436,10 @@ SPECTACULAR_SETTINGS = {
 }
 # Days a new API token is valid unless its maker says otherwise.
 SMQP_API_TOKEN_DAYS = env_int("SMQP_API_TOKEN_DAYS", 90)
+# Seconds a process trusts a bearer token it checked (no query per request): a revocation,
+# expiry or deactivated account takes effect at once in the process that made the change
+# (the REST API's, the admin's), and within this many seconds in any other.
+SMQP_API_TOKEN_CACHE_SECONDS = float(os.environ.get("SMQP_API_TOKEN_CACHE_SECONDS", "2"))
 # Items per page of a list (by default; a client may ask for up to the maximum).
 SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
 SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)

@@ -57,7 +57,8 @@ from .publish import Published
 
 LOCKED = Delivery.State.NOTIFIED
 
-__all__ = ["ack_locked", "expire_locks", "lock", "release", "release_held"]
+__all__ = ["ack_locked", "ack_locked_many", "expire_locks", "lock", "lock_many", "release",
+           "release_held"]
 
 
 def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
@@ -76,6 +77,52 @@ def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
     return bool(won)
 
 
+def lock_many(account_id: int, holder: str, smuids: list[int], retry_timeout: int,
+              max_retries: int) -> dict[int, tuple[datetime, int]]:
+    """:func:`lock` of several messages (a REST pull's page) in one transaction and one
+    statement: each is locked or not on its own row's conditions, as if alone. Returns
+    smuid → (the lock's deadline, attempts with this one) of those now locked to
+    ``holder``."""
+    if not smuids:
+        return {}
+    now = timezone.now()
+    deadline = now + timedelta(seconds=retry_timeout)
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        won = stored.lock_deliveries(account_id, holder, smuids, now, deadline,
+                                     max_retries)()
+    return {int(smuid): (deadline, int(attempts)) for smuid, attempts in won}
+
+
+def ack_locked_many(account_id: int, held: dict[str, list[int]], wanting: set[int],
+                    door: str = "rest") -> tuple[set[tuple[str, int]], list[Published]]:
+    """:func:`ack_locked` of several locks of one account (``held``: holder → smuids) in
+    one transaction: each is consumed only while its holder holds an unexpired lock on it.
+    ``wanting``: the messages that may ask for a receipt (the others are known not to).
+    Returns the (holder, smuid) consumed, once committed, and the receipts sent, for the
+    caller to announce."""
+    now = timezone.now()
+    try:
+        account = snapshot_for_id(account_id).account.username
+    except Account.DoesNotExist:  # deleted: its deliveries went with it
+        return set(), []
+    consumed: set[tuple[str, int]] = set()
+    receipts: list[Published] = []
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        sent = [(holder, stored.consume_locks(account_id, holder, smuids, now))
+                for holder, smuids in held.items() if smuids]
+        for holder, rows in sent:
+            consumed.update((holder, int(smuid)) for smuid, in rows())
+        if consumed:
+            done = sorted({smuid for _, smuid in consumed})
+            stored.finish_messages(done, now)
+            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "",
+                                {"door": door}) for smuid in done], now)
+            asked = [smuid for smuid in done if smuid in wanting]
+            if asked:
+                receipts = send_receipts(asked, now)
+    return consumed, receipts
+
+
 def ack_locked(account_id: int, session_guid: str, smuid: int,
                receipt: bool = True, door: str = "smqp") -> list[Published]:
     """The ACK of a queue message by the session holding its lock: the delivery is ACKED
@@ -85,19 +132,9 @@ def ack_locked(account_id: int, session_guid: str, smuid: int,
     (the message is known not to ask for one), a receipt goes to its publisher if asked
     for. Returns the receipts, for the caller to announce (the listener's dispatcher wakes
     them; elsewhere :func:`.notify.messages_committed`)."""
-    now = timezone.now()
-    try:
-        account = snapshot_for_id(account_id).account.username
-    except Account.DoesNotExist:  # deleted: its deliveries went with it
-        raise conflict("lock not held") from None
-    receipts: list[Published] | None = None
-    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
-        if stored.consume_lock(account_id, session_guid, smuid, now)():
-            stored.finish_messages([smuid], now)
-            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "",
-                                {"door": door})], now)
-            receipts = send_receipts([smuid], now) if receipt else []
-    if receipts is None:
+    consumed, receipts = ack_locked_many(account_id, {session_guid: [smuid]},
+                                         {smuid} if receipt else set(), door)
+    if not consumed:
         raise conflict("lock not held")
     return receipts
 

@@ -337,15 +337,36 @@ def lock_delivery(account_id: int, holder: str, smuid: int, now: datetime,
          Delivery.State.PENDING.value, locked, holder, at, Message.State.PENDING.value])
 
 
-def consume_lock(account_id: int, holder: str, smuid: int, now: datetime) -> Rows:
-    """The account's delivery of ``smuid`` becomes ACKED if ``holder`` holds its lock and
-    the lock has not expired. Its rows (one when consumed) are read by calling the
-    result."""
+def lock_deliveries(account_id: int, holder: str, smuids: Sequence[int], now: datetime,
+                    deadline: datetime, max_retries: int) -> Rows:
+    """:func:`lock_delivery` of several of the account's deliveries in one statement (a REST
+    pull's): each row is locked or not on its own conditions. Rows (message_id, attempts)
+    of those locked, read by calling the result."""
+    ph = placeholder()
+    at = db_datetime(now)
+    locked = Delivery.State.NOTIFIED.value
+    return query(
+        f"UPDATE {Delivery._meta.db_table} SET state = {ph}, holder = {ph}, "
+        f"attempts = attempts + 1, last_attempt = {ph}, next_attempt = {ph} "
+        f"WHERE account_id = {ph} AND message_id IN ({marks(ph, len(smuids))}) "
+        f"AND attempts <= {ph} "
+        f"AND (state = {ph} OR (state = {ph} AND (holder = {ph} OR next_attempt <= {ph}))) "
+        f"AND EXISTS (SELECT 1 FROM {Message._meta.db_table} m "
+        f"WHERE m.id = {Delivery._meta.db_table}.message_id AND m.state = {ph}) "
+        f"RETURNING message_id, attempts",
+        [locked, holder, at, db_datetime(deadline), account_id, *smuids, max_retries,
+         Delivery.State.PENDING.value, locked, holder, at, Message.State.PENDING.value])
+
+
+def consume_locks(account_id: int, holder: str, smuids: Sequence[int], now: datetime) -> Rows:
+    """The account's deliveries of ``smuids`` become ACKED where ``holder`` holds their lock
+    and the lock has not expired, in one statement. Rows (one per message consumed), read
+    by calling the result."""
     ph = placeholder()
     at = db_datetime(now)
     return query(
         f"UPDATE {Delivery._meta.db_table} SET state = {ph}, holder = '', acked = {ph} "
-        f"WHERE account_id = {ph} AND message_id = {ph} AND state = {ph} AND holder = {ph} "
-        f"AND next_attempt > {ph} RETURNING message_id",
-        [Delivery.State.ACKED.value, at, account_id, smuid, Delivery.State.NOTIFIED.value,
+        f"WHERE account_id = {ph} AND message_id IN ({marks(ph, len(smuids))}) "
+        f"AND state = {ph} AND holder = {ph} AND next_attempt > {ph} RETURNING message_id",
+        [Delivery.State.ACKED.value, at, account_id, *smuids, Delivery.State.NOTIFIED.value,
          holder, at])

@@ -32,10 +32,11 @@ from ual.models import UALEntry
 from ual.resolution import AccessSnapshot
 snap = AccessSnapshot(Account.objects.get(username='root'))
 for p in ['/s', '/s/a', '/s/b', '/s/lp', '/s/fan', '/s/sel', '/q', '/q/work', '/q/short', '/q/nack',
-          '/hidden',
+          '/q/batch', '/hidden',
           '/m', '/m/t']:
     ts.create_topic(snap, p)
-Topic.objects.filter(path__in=['/q/work', '/q/short', '/q/nack']).update(delivery_mode='queue')
+Topic.objects.filter(path__in=['/q/work', '/q/short', '/q/nack', '/q/batch']).update(
+    delivery_mode='queue')
 Topic.objects.filter(path='/q/short').update(retry_timeout=1)
 Topic.objects.filter(path='/s/fan').update(retry_timeout=1)
 s = Topic.objects.get(path='/s')
@@ -199,6 +200,51 @@ def test_fanout_receipts_nack_and_expiry_return_the_message_to_the_same_account(
         assert pull(bob, bsub, wait=0.3) == [] and pull(alice, asub, wait=0.3) == []
         bob.delete(f"subscriptions/{bsub}")
         alice.delete(f"subscriptions/{asub}")
+
+
+def outcomes(reply: httpx.Response) -> list[tuple[str, int]]:
+    assert reply.status_code == 200, reply.text
+    return [(r["outcome"], r["status"]) for r in reply.json()["results"]]
+
+
+def test_a_batch_ack_answers_each_receipt_and_consumes_each_message_once(stack):
+    with stack.client("bob") as bob, stack.client("alice") as alice, stack.client() as root:
+        sub, short = subscribe(bob, "/q/batch"), subscribe(bob, "/q/short")
+        sent = [publish(root, "q/batch", f"batch {i}") for i in range(5)]
+        hidden = publish(root, "hidden", "not for bob")
+        publish(root, "q/short", "late")
+        [late] = pull_until(bob, short, 1)
+        got = pull_until(bob, sub, 5)
+        assert sorted(m["smuid"] for m in got) == sorted(sent)
+        time.sleep(scaled(2.5))  # the lock of "late" (retry timeout 1 s) ends
+        token = late["receipt"].split(".")[1]
+        receipts = [got[0]["receipt"], got[1]["receipt"], got[0]["receipt"], late["receipt"],
+                    f"{hidden}.{token}", f"{max(sent) + 10_000}.{token}", "not a receipt", ""]
+        reply = bob.post("receipts/ack", json={"receipts": receipts})
+        assert [r["receipt"] for r in reply.json()["results"]] == receipts
+        # A receipt again in the same batch finds its lock gone; a message bob may not see
+        # answers as one that does not exist.
+        assert outcomes(reply) == [("consumed", 204), ("consumed", 204), ("expired", 409),
+                                   ("expired", 409)] + [("unknown", 404)] * 4
+        assert bob.post(f"receipts/{got[0]['receipt']}/ack").status_code == 409
+        # Another account's receipts change nothing (alice may see /q: expired, not unknown).
+        assert outcomes(alice.post("receipts/ack", json={"receipts": [got[2]["receipt"]]})) \
+            == [("expired", 409)]
+        released = bob.post("receipts/nack", json={"receipts": [got[2]["receipt"],
+                                                                got[0]["receipt"], "x"]})
+        assert outcomes(released) == [("released", 204), ("expired", 409), ("unknown", 404)]
+        [again] = pull_until(bob, sub, 1)
+        assert again["smuid"] == got[2]["smuid"] and again["attempts"] == 2
+        rest = [again, got[3], got[4]]
+        done = bob.post("receipts/ack", json={"receipts": [m["receipt"] for m in rest]})
+        assert outcomes(done) == [("consumed", 204)] * 3
+        assert pull(bob, sub, wait=0.5) == []
+        for body in ({"receipts": []}, {"receipts": ["x"] * 1001}, {"receipts": "x"}, {},
+                     {"receipts": ["x"], "more": 1}):
+            refused = bob.post("receipts/ack", json=body)
+            assert refused.status_code == 400, (body, refused.text)
+        bob.delete(f"subscriptions/{sub}")
+        bob.delete(f"subscriptions/{short}")
 
 
 def test_idempotency_key_returns_the_first_result_and_publishes_once(stack):

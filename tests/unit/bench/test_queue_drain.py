@@ -65,7 +65,14 @@ def test_smqp_runs_once_and_every_other_kind_once_per_window():
     names = [c.name for c in q.build_cases(("smqp", "xmpp", "rest", "rabbitmq", "nats"),
                                            (1, 16))]
     assert names == ["smqp", "xmpp q=1", "xmpp q=16", "rest b=1", "rest b=16",
+                     "rest-each b=1", "rest-each b=16",
                      "rabbitmq p=1", "rabbitmq p=16", "nats b=1", "nats b=16"]
+
+
+def test_rest_brings_its_ack_per_item_variant_which_also_runs_alone():
+    assert [c.name for c in q.build_cases(("rest",), (16,))] == ["rest b=16",
+                                                                  "rest-each b=16"]
+    assert [c.name for c in q.build_cases(("rest-each",), (1,))] == ["rest-each b=1"]
 
 
 def test_rounds_alternate_their_order():

@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -157,3 +159,78 @@ def test_a_cursor_the_database_cannot_take_is_refused(value, rf):
     kind = str if isinstance(value, str) else int
     with pytest.raises(ValidationError):
         pagination.params(request, kind)
+
+
+@pytest.fixture
+def queue(db):
+    """A queue topic ``/q`` bob subscribes to, 20 messages waiting for him, and a topic
+    ``/h`` he may not see with one message."""
+    topic = Topic.objects.create(path="/q", delivery_mode="queue", retry_timeout=30,
+                                 max_retries=5)
+    hidden = Topic.objects.create(path="/h")
+    bob = make_account("bob")
+    UALEntry.objects.create(topic=topic, principal_kind="account", account=bob,
+                            right="subscribe")
+    sub = Subscription.objects.create(account=bob, resource="MESSAGE", pattern="/q")
+    smuids = []
+    for i in range(20):
+        message = Message.objects.create(topic=topic, cmuid=f"c{i}", created=timezone.now(),
+                                         timeout=60)
+        Delivery.objects.create(account=bob, message=message)
+        smuids.append(message.pk)
+    secret = Message.objects.create(topic=hidden, cmuid="h", created=timezone.now(),
+                                    timeout=60)
+    return bob, sub, smuids, secret.pk
+
+
+def statements(run) -> tuple[object, int]:
+    with CaptureQueriesContext(connection) as captured:
+        result = run()
+    return result, len(captured.captured_queries)
+
+
+def test_a_pull_locks_what_it_takes_in_one_transaction_whatever_its_max(queue):
+    bob, sub, smuids, _ = queue
+    first = pull.pull(snapshot_for(bob), sub.pk, 1)  # (the caches of a first use, filled)
+    two, few = statements(lambda: pull.pull(snapshot_for(bob), sub.pk, 2))
+    sixteen, many = statements(lambda: pull.pull(snapshot_for(bob), sub.pk, 16))
+    # In publish order, each once.
+    assert [p.smuid for p in first + two + sixteen] == smuids[:19]
+    assert {p.attempts for p in sixteen} == {1}
+    assert many == few  # not one lock transaction per message
+    held = Delivery.objects.filter(message_id__in=smuids[3:19], state="notified")
+    assert {d.holder for d in held} == {pull.HOLDER_PREFIX + sixteen[0].receipt.split(".")[1]}
+
+
+def test_a_batch_ack_is_one_transaction_and_answers_each_receipt(queue):
+    bob, sub, smuids, secret = queue
+    one = pull.pull(snapshot_for(bob), sub.pk, 1)
+    got = pull.pull(snapshot_for(bob), sub.pk, 16)
+    (outcomes, _), few = statements(lambda: pull.ack_many(snapshot_for(bob),
+                                                          [one[0].receipt]))
+    token = got[0].receipt.split(".")[1]
+    Delivery.objects.filter(message_id=got[1].smuid).update(
+        next_attempt=timezone.now() - timedelta(seconds=1))  # its lock has run out
+    receipts = [p.receipt for p in got] + [got[0].receipt, f"{secret}.{token}",
+                                            f"{smuids[-1] + 100}.{token}", "junk"]
+    (outcomes, sent), many = statements(lambda: pull.ack_many(snapshot_for(bob), receipts))
+    assert sent == []
+    consumed, expired, unknown = (pull.Outcome.CONSUMED, pull.Outcome.EXPIRED,
+                                  pull.Outcome.UNKNOWN)
+    assert outcomes == [consumed, expired] + [consumed] * 14 + [expired] + [unknown] * 3
+    assert [o.status for o in outcomes[:2]] == [204, 409] and unknown.status == 404
+    # Sixteen receipts (and the refusals told apart) cost what one did, plus one look at
+    # the refused messages' topics.
+    assert many <= few + 1
+    acked = Delivery.objects.filter(account=bob, state="acked")
+    assert sorted(acked.values_list("message_id", flat=True)) == sorted(
+        [one[0].smuid] + [p.smuid for p in got if p is not got[1]])
+
+
+def test_a_batch_nack_releases_each_lock_it_holds(queue):
+    bob, sub, _, _ = queue
+    got = pull.pull(snapshot_for(bob), sub.pk, 2)
+    outcomes, _ = pull.nack_many(snapshot_for(bob), [got[0].receipt, got[0].receipt, "x"])
+    assert outcomes == [pull.Outcome.RELEASED, pull.Outcome.EXPIRED, pull.Outcome.UNKNOWN]
+    [again] = pull.pull(snapshot_for(bob), sub.pk, 1)
+    assert again.smuid == got[0].smuid and again.attempts == 2
