@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import marshal
 import math
 import os
 import socket
@@ -37,7 +36,7 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from broker.domain.message import DataSection, Message
+from broker.domain.message import Message
 from broker.services import ServiceError, locks, notify, read, storage_calls
 from broker.services import subscriptions as subscription_service
 from broker.services.ack import AckRequest, ack_batch, mark_dead
@@ -47,13 +46,12 @@ from broker.services.read import DeliveryPolicy
 from broker.store import dbthread, journal, opsmetrics
 from broker.store.lanes import Storage, StorageLost
 
+from .cache import PayloadCache
 from .linger import PublishLinger
 from .mailbox import Mailbox
 
 logger = logging.getLogger("broker.delivery")
 
-# Loaded messages kept for NOTIFY (bytes of data held at most, roughly).
-CACHE_BYTES = 64 * 1024 * 1024
 # Largest group committed at once (bounded so one commit stays short).
 MAX_BATCH = 2000
 # Largest group of publishes committed at once while subscribers are ACKing (an ACK that
@@ -63,9 +61,6 @@ ACKING_SECONDS = 1.0
 # Bytes of message data committed at once at most (one message may be larger): a batch is
 # held in memory once more on its way to the storage process.
 MAX_BATCH_BYTES = 64 * 1024 * 1024
-# How long "this account may receive from this topic" is trusted without asking again. With
-# the UAL cache's own poll (0.5 s) a revoked right stops notifications within a second.
-GRANT_MEMO_SECONDS = 0.2
 # After a batch of cross-process wake-ups is sent, the next gathers for this long: under a
 # stream of small commits the channel layer then costs a few hundred round trips a second at
 # most, and another process hears of a message this much later at worst.
@@ -155,10 +150,7 @@ class Dispatcher:
         self._publish_work = asyncio.Event()
         self._ack_work = asyncio.Event()
         self._ack_hurry = asyncio.Event()  # set: end the ACK gathering pause now
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
-        self._cache_bytes = 0
-        self._policies: dict[str, tuple[float, DeliveryPolicy]] = {}
-        self._grants: dict[tuple[int, str], float] = {}
+        self.cache = PayloadCache()
         self._outgoing: defaultdict[int, list[list]] = defaultdict(list)
         self._sender: asyncio.Task | None = None
         self._committing: set[asyncio.Future] = set()
@@ -429,7 +421,7 @@ class Dispatcher:
                 published.append(result)
                 self.metrics.session(request.guid, "in")
                 if result.payload is not None:
-                    self._remember(result.smuid, result.payload)
+                    self.cache.remember(result.smuid, result.payload)
             if not future.done():
                 if isinstance(result, ServiceError):
                     future.set_exception(result)
@@ -697,49 +689,19 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ message payloads
 
-    def _remember(self, smuid: int, payload: tuple[str, str, Message]) -> None:
-        entry = _pack(payload)
-        self._cache[smuid] = entry
-        self._cache_bytes += _entry_size(entry)
-        while self._cache_bytes > CACHE_BYTES and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= _entry_size(old)
-
     async def load(self, smuid: int) -> tuple[str, str, Message] | None:
         """(topic path, Cmuid header, codec message) of a message, from memory or the store."""
-        entry = self._cache.get(smuid)
-        if entry is not None:
-            return _unpack(entry)
-        loaded = await dbthread.run(read.load_for_delivery, [smuid])
-        return loaded.get(smuid)
+        return await self.cache.load(smuid)
 
     async def retry_policy(self, topic_path: str) -> DeliveryPolicy:
         """(retry timeout seconds, max retries, queue mode) of a topic, cached for a few
         seconds."""
-        loop = asyncio.get_running_loop()
-        cached = self._policies.get(topic_path)
-        if cached is not None and cached[0] > loop.time():
-            return cached[1]
-        policy = await dbthread.run(read.retry_policy, topic_path)
-        self._policies[topic_path] = (loop.time() + 5.0, policy)
-        return policy
+        return await self.cache.retry_policy(topic_path)
 
     async def deliverable(self, account_id: int, smuid: int, topic_path: str) -> bool:
         """May the message still go to the account (its subscribe right may have been
-        revoked)? A yes is remembered per (account, topic) for :data:`GRANT_MEMO_SECONDS`, so
-        a stream of notifications costs no lookup each; a no withdraws the delivery."""
-        loop = asyncio.get_running_loop()
-        key = (account_id, topic_path)
-        if self._grants.get(key, 0.0) > loop.time():
-            return True
-        ok = await dbthread.run(read.deliverable, account_id, smuid)
-        if ok:
-            if len(self._grants) > 10_000:
-                self._grants.clear()
-            self._grants[key] = loop.time() + GRANT_MEMO_SECONDS
-        else:
-            self._grants.pop(key, None)
-        return ok
+        revoked)? See :meth:`.cache.PayloadCache.deliverable`."""
+        return await self.cache.deliverable(account_id, smuid, topic_path)
 
     async def dead(self, account_id: int, smuid: int) -> None:
         """The account's maximum retries are spent for this message."""
@@ -836,28 +798,6 @@ def _batch_size(queued: list[tuple[PublishRequest, asyncio.Future]], most: int) 
         if total > MAX_BATCH_BYTES and count:
             return count
     return min(len(queued), most)
-
-
-# A cached message is kept as one bytes object (marshal of plain tuples, strings and bytes),
-# which the garbage collector never tracks: as codec objects, a full cache of small messages
-# would be half a million tracked objects, and every full collection would walk them all
-# while the listener stands still; as nested tuples, many would stay tracked until a full
-# collection found them.
-def _pack(payload: tuple[str, str, Message]) -> bytes:
-    path, cmuid, message = payload
-    return marshal.dumps((path, cmuid, tuple(message.headers),
-                          tuple((tuple(s.headers), s.body) for s in message.sections)))
-
-
-def _unpack(entry: bytes) -> tuple[str, str, Message]:
-    path, cmuid, headers, sections = marshal.loads(entry)
-    return path, cmuid, Message(list(headers),
-                                [DataSection(list(h), body) for h, body in sections])
-
-
-def _entry_size(entry: bytes) -> int:
-    """Bytes a cache entry counts for: its own, and 512 for the rest."""
-    return len(entry) + 512
 
 
 #: What the console calls each broker process, by the command that started it.
