@@ -38,7 +38,6 @@ from django.conf import settings
 
 from broker.domain.message import Message
 from broker.services import ServiceError, locks, notify, read, storage_calls
-from broker.services import subscriptions as subscription_service
 from broker.services.ack import AckRequest, ack_batch, mark_dead
 from broker.services.notify import DISPATCH_GROUP
 from broker.services.publish import Published, PublishRequest
@@ -49,6 +48,7 @@ from broker.store.lanes import Storage, StorageLost
 from .cache import PayloadCache
 from .linger import PublishLinger
 from .mailbox import Mailbox
+from .sweeps import Sweeps
 
 logger = logging.getLogger("broker.delivery")
 
@@ -165,12 +165,11 @@ class Dispatcher:
         self._writer = asyncio.ensure_future(self._publish_loop())
         self._acker = asyncio.ensure_future(self._ack_loop())
         self._listener = asyncio.ensure_future(self._listen_loop())
-        self._sweeper = asyncio.ensure_future(self._sweep_loop())
         # The operators' console and /metrics (broker/store/opsmetrics.py).
         self.metrics = opsmetrics.Recorder()
         self._started_at = time.time()
         self._metrics_task = asyncio.ensure_future(self._metrics_loop())
-        self._subscription_sweeper = asyncio.ensure_future(self._subscription_loop())
+        self.sweeps = Sweeps(self.sessions, self.backlog, first_sweep=PEER_STARTUP_SECONDS)
 
     # ------------------------------------------------------------------ sessions
 
@@ -641,52 +640,6 @@ class Dispatcher:
                 except Exception:
                     logger.exception("renewing the dispatch group failed; retrying later")
 
-    async def _sweep_loop(self) -> None:
-        """Every ``SMQP_BACKLOG_SWEEP_SECONDS``, sessions with nothing to send are offered
-        what the store holds for their account (one query for all of them). Wake-ups are
-        hints that can be lost on their way between processes; this bounds the delay."""
-        period = settings.SMQP_BACKLOG_SWEEP_SECONDS
-        if period <= 0:
-            return
-        delay = min(period, PEER_STARTUP_SECONDS)  # the first one early: see PEER_HELLO_SECONDS
-        while True:
-            await asyncio.sleep(delay)
-            delay = period
-            idle: dict[int, list[Session]] = {}
-            for account_id, sessions in self.sessions.items():
-                quiet = [s for s in sessions if s.idle]
-                if quiet:
-                    idle[account_id] = quiet
-            if not idle:
-                continue
-            try:
-                rows, _ = await self.backlog(list(idle))
-            except Exception:
-                logger.exception("backlog sweep failed; trying again next period")
-                continue
-            for account_id, priority, smuid in rows:
-                live = self.sessions.get(account_id, ())
-                for session in idle.get(account_id, ()):
-                    # (A session may have left during the query.)
-                    if session in live and session.mailbox.offer(priority, smuid):
-                        session.kick()
-
-    async def _subscription_loop(self) -> None:
-        """Every ``SMQP_SUBSCRIPTION_SWEEP_SECONDS``: leases that ran out end, and so do
-        subscriptions whose right was revoked (profile §9.3), with their NOTIFY
-        SUBSCRIPTION. The Celery beat runs the same sweep; whichever ends a subscription
-        first tells its account (the other finds it gone). A listener does it too so that a
-        lease ends on time without a Celery worker."""
-        period = settings.SMQP_SUBSCRIPTION_SWEEP_SECONDS
-        if period <= 0:
-            return
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await dbthread.run(subscription_service.end_subscriptions)
-            except Exception:
-                logger.exception("subscription sweep failed; trying again next period")
-
     # ------------------------------------------------------------------ message payloads
 
     async def load(self, smuid: int) -> tuple[str, str, Message] | None:
@@ -779,9 +732,9 @@ class Dispatcher:
     def close(self) -> None:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
-        for task in (self._writer, self._acker, self._listener, self._sender, self._sweeper,
-                     self._subscription_sweeper, self._greeter, self._syncer,
-                     self._metrics_task, *self._committing):
+        self.sweeps.close()
+        for task in (self._writer, self._acker, self._listener, self._sender, self._greeter,
+                     self._syncer, self._metrics_task, *self._committing):
             if task is not None:
                 task.cancel()
         self.storage.close()
