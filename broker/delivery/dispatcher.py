@@ -33,22 +33,22 @@ from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from broker.domain.message import Message
 from broker.services import ServiceError, locks, notify, read, storage_calls
 from broker.services.ack import AckRequest, ack_batch, mark_dead
-from broker.services.notify import DISPATCH_GROUP
 from broker.services.publish import Published, PublishRequest
 from broker.services.read import DeliveryPolicy
 from broker.store import dbthread, journal, opsmetrics
 from broker.store.lanes import Storage, StorageLost
 
+from . import wakeups
 from .cache import PayloadCache
 from .linger import PublishLinger
 from .mailbox import Mailbox
 from .sweeps import Sweeps
+from .wakeups import WakeUps
 
 logger = logging.getLogger("broker.delivery")
 
@@ -61,25 +61,6 @@ ACKING_SECONDS = 1.0
 # Bytes of message data committed at once at most (one message may be larger): a batch is
 # held in memory once more on its way to the storage process.
 MAX_BATCH_BYTES = 64 * 1024 * 1024
-# After a batch of cross-process wake-ups is sent, the next gathers for this long: under a
-# stream of small commits the channel layer then costs a few hundred round trips a second at
-# most, and another process hears of a message this much later at worst.
-WAKE_GATHER_SECONDS = 0.005
-# Wake-ups go to the other processes only while there are any: every dispatcher says hello
-# on the dispatch group when it joins and every PEER_HELLO_SECONDS after, answers a hello
-# from a process it did not know with its own at once, and forgets a process it has not
-# heard from for PEER_FORGET_SECONDS. For its first PEER_STARTUP_SECONDS a dispatcher sends
-# its wake-ups whether or not it has heard of another (their hellos are on their way). A
-# listener alone (the common case) then spends nothing on wake-ups nobody reads. Another
-# process learns of a new one a moment after it joined, by its hello: a commit there in
-# that moment is not announced to it, and reaches its sessions by a backlog read (a
-# dispatcher's first sweep comes PEER_STARTUP_SECONDS after it starts, not a period).
-PEER_HELLO_SECONDS = 5.0
-PEER_FORGET_SECONDS = 16.0
-PEER_STARTUP_SECONDS = 2.0
-# How long a login waits for its process to have joined the dispatch group (Redis slow or
-# down: the login goes on, and the backlog sweep covers what a missed wake-up delays).
-JOIN_WAIT_SECONDS = 1.0
 # An ACK batch that failed to reach the database is tried again after this long (doubling
 # up to ACK_RETRY_MAX): its ACKs are in the journal, and a restart would apply them too.
 ACK_RETRY_SECONDS = 0.05
@@ -151,25 +132,19 @@ class Dispatcher:
         self._ack_work = asyncio.Event()
         self._ack_hurry = asyncio.Event()  # set: end the ACK gathering pause now
         self.cache = PayloadCache()
-        self._outgoing: defaultdict[int, list[list]] = defaultdict(list)
-        self._sender: asyncio.Task | None = None
         self._committing: set[asyncio.Future] = set()
         self._last_ack = float("-inf")
-        self._joined = asyncio.get_running_loop().create_future()
-        # Other processes on the dispatch group: origin → when last heard of (loop time).
-        self._peers: dict[str, float] = {}
-        self._startup_until = asyncio.get_running_loop().time() + PEER_STARTUP_SECONDS
-        self._greeter: asyncio.Task | None = None
         self.storage = Storage(storage_calls.LISTENER_SIDE)
         self.storage.start()
         self._writer = asyncio.ensure_future(self._publish_loop())
         self._acker = asyncio.ensure_future(self._ack_loop())
-        self._listener = asyncio.ensure_future(self._listen_loop())
+        self.wakeups = WakeUps(self.origin, self.offer, self.withdraw)
         # The operators' console and /metrics (broker/store/opsmetrics.py).
         self.metrics = opsmetrics.Recorder()
         self._started_at = time.time()
         self._metrics_task = asyncio.ensure_future(self._metrics_loop())
-        self.sweeps = Sweeps(self.sessions, self.backlog, first_sweep=PEER_STARTUP_SECONDS)
+        self.sweeps = Sweeps(self.sessions, self.backlog,
+                             first_sweep=wakeups.PEER_STARTUP_SECONDS)
 
     # ------------------------------------------------------------------ sessions
 
@@ -523,122 +498,16 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ wake-ups
 
+    # ------------------------------------------------------------------ wake-ups
+
     def wake(self, published: list[Published]) -> None:
-        """Offer committed messages here, and tell the other processes: one message per topic
-        per batch. While a batch of wake-ups is on its way to Redis the next ones gather, so
-        a stream of small commits costs one channel-layer round trip at a time, not one each
-        (another process hears of a message at most one round trip later)."""
-        if not published:
-            return
-        self.offer((p.priority, p.smuid, p.accounts) for p in published)
-        if not self._has_peers():
-            return
-        for p in published:
-            if p.accounts:
-                self._outgoing[p.topic_id].append([p.priority, p.smuid, p.accounts])
-        if self._outgoing and (self._sender is None or self._sender.done()):
-            self._sender = asyncio.ensure_future(self._send_wakeups())
-            self._sender.add_done_callback(_log_failure)
-
-    async def _send_wakeups(self) -> None:
-        layer = get_channel_layer()
-        while self._outgoing:
-            batch, self._outgoing = self._outgoing, defaultdict(list)
-            if layer is None:
-                continue
-            await asyncio.gather(*(
-                layer.group_send(DISPATCH_GROUP, {"type": "dispatch.wake", "origin": self.origin,
-                                                  "items": items})
-                for items in batch.values()))
-            await asyncio.sleep(WAKE_GATHER_SECONDS)
-
-    def _has_peers(self) -> bool:
-        """May another process read wake-ups (see PEER_HELLO_SECONDS)?"""
-        now = asyncio.get_running_loop().time()
-        if now < self._startup_until:
-            return True
-        for origin, heard in list(self._peers.items()):
-            if now - heard <= PEER_FORGET_SECONDS:
-                return True
-            del self._peers[origin]
-        return False
-
-    async def _hello(self) -> None:
-        layer = get_channel_layer()
-        if layer is not None:
-            await layer.group_send(DISPATCH_GROUP, {"type": "dispatch.hello",
-                                                    "origin": self.origin})
-
-    async def _greet_loop(self) -> None:
-        """Say hello on the dispatch group every PEER_HELLO_SECONDS (Redis down: later)."""
-        while True:
-            try:
-                await self._hello()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.warning("saying hello on the dispatch group failed; trying again later")
-            await asyncio.sleep(PEER_HELLO_SECONDS)
-
-    def _heard_from(self, origin: str, kind: str) -> None:
-        """A message from another process (a hello, a wake-up): it reads the group too."""
-        now = asyncio.get_running_loop().time()
-        heard = self._peers.get(origin)
-        self._peers[origin] = now
-        if kind == "dispatch.hello" and (heard is None or now - heard > PEER_FORGET_SECONDS):
-            # A process that just joined learns of this one now, not a hello period later.
-            answer = asyncio.ensure_future(self._hello())
-            answer.add_done_callback(_log_failure)
+        """Offer committed messages here, and tell the other processes (:mod:`.wakeups`)."""
+        self.wakeups.wake(published)
 
     async def joined(self) -> None:
-        """Returns once this process reads the dispatch group (or after JOIN_WAIT_SECONDS):
-        a session reads its backlog after that, so what is committed later reaches it."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._joined), JOIN_WAIT_SECONDS)
-
-    async def _listen_loop(self) -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            self._joined.set_result(None)
-            return
-        loop = asyncio.get_running_loop()
-        # The default prefix: channels-redis then serves this channel and every consumer's
-        # from one shared receive loop (a second prefix would make them take turns).
-        while True:
-            try:
-                channel = await layer.new_channel()
-                await layer.group_add(DISPATCH_GROUP, channel)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # Redis down at start: keep trying, never give up listening
-                logger.exception("joining the dispatch group failed; retrying")
-                await asyncio.sleep(1)
-        joined = loop.time()
-        self._joined.set_result(None)
-        self._greeter = asyncio.ensure_future(self._greet_loop())
-        while True:
-            try:
-                event = await layer.receive(channel)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("channel layer receive failed; retrying")
-                await asyncio.sleep(1)
-                continue
-            origin = event.get("origin")
-            if origin and origin != self.origin:
-                self._heard_from(origin, event.get("type", ""))
-            if event.get("type") == "dispatch.wake" and origin != self.origin:
-                self.offer((p, s, a) for p, s, a in event["items"])
-            elif event.get("type") == "dispatch.withdraw":
-                self.withdraw(event["items"])
-            if loop.time() - joined > 600:  # groups expire in Redis; stay a member
-                try:
-                    await layer.group_add(DISPATCH_GROUP, channel)
-                    joined = loop.time()
-                except Exception:
-                    logger.exception("renewing the dispatch group failed; retrying later")
+        """Returns once this process reads the dispatch group (or after a short while): a
+        session reads its backlog after that, so what is committed later reaches it."""
+        await self.wakeups.joined()
 
     # ------------------------------------------------------------------ message payloads
 
@@ -732,9 +601,10 @@ class Dispatcher:
     def close(self) -> None:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
+        self.wakeups.close()
         self.sweeps.close()
-        for task in (self._writer, self._acker, self._listener, self._sender, self._greeter,
-                     self._syncer, self._metrics_task, *self._committing):
+        for task in (self._writer, self._acker, self._syncer, self._metrics_task,
+                     *self._committing):
             if task is not None:
                 task.cancel()
         self.storage.close()
@@ -781,11 +651,6 @@ def _may_send(in_flight: int, queued: int, window: tuple[int, int, int]) -> bool
     a batch worth its transaction); see :attr:`broker.store.lanes.Storage.publish_window`."""
     limit, always, large = window
     return in_flight < min(limit, always) or (in_flight < limit and queued >= large)
-
-
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("wake-up through the channel layer failed", exc_info=task.exception())
 
 
 _dispatchers: dict[asyncio.AbstractEventLoop, Dispatcher] = {}

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from broker.delivery import Dispatcher
+from broker.delivery import Dispatcher, wakeups
 from broker.delivery import dispatcher as delivery
 
 
@@ -50,14 +50,14 @@ async def test_a_dispatcher_that_cannot_join_at_first_keeps_trying(layer, monkey
         await real(group, channel)
 
     monkeypatch.setattr(layer, "group_add", flaky)
-    monkeypatch.setattr(delivery, "JOIN_WAIT_SECONDS", 0.1)
+    monkeypatch.setattr(wakeups, "JOIN_WAIT_SECONDS", 0.1)
     a = Dispatcher()
     probe = Probe()
     a.register(probe)
     try:
         await a.joined()  # gives up waiting after 0.1 s: the retry comes after 1 s
-        assert not a._joined.done()
-        await asyncio.wait_for(asyncio.shield(a._joined), 3)
+        assert not a.wakeups._joined.done()
+        await asyncio.wait_for(asyncio.shield(a.wakeups._joined), 3)
         other = Dispatcher()  # another process commits a message for account 42
         try:
             other.wake([delivery.Published(9, 7, "/t", 3, [42])])
@@ -75,7 +75,7 @@ async def test_a_worker_s_wake_up_is_offered(layer):
     a.register(probe)
     try:
         await a.joined()
-        await layer.group_send(delivery.DISPATCH_GROUP, {
+        await layer.group_send(wakeups.DISPATCH_GROUP, {
             "type": "dispatch.wake", "origin": "", "items": [[3, 9, [42]]]})
         await asyncio.sleep(0.05)
         assert probe.offered == [(3, 9)]
@@ -188,10 +188,10 @@ async def eventually(condition, timeout: float = 5.0) -> bool:
 async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, monkeypatch):
     """A dispatcher alone on the group sends no wake-ups; one that joins says hello and is
     answered, so both wake each other at once; one that is gone is forgotten."""
-    monkeypatch.setattr(delivery, "PEER_STARTUP_SECONDS", 0)
+    monkeypatch.setattr(wakeups, "PEER_STARTUP_SECONDS", 0)
     # Hellos when joining only: b learns of a from a's answer.
-    monkeypatch.setattr(delivery, "PEER_HELLO_SECONDS", 600)
-    monkeypatch.setattr(delivery, "PEER_FORGET_SECONDS", 600)
+    monkeypatch.setattr(wakeups, "PEER_HELLO_SECONDS", 600)
+    monkeypatch.setattr(wakeups, "PEER_FORGET_SECONDS", 600)
     sent: list[str] = []
     real = layer.group_send
 
@@ -212,15 +212,15 @@ async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, mo
         b.register(theirs)
         try:
             await b.joined()
-            assert await eventually(lambda: a._has_peers() and b._has_peers())
+            assert await eventually(lambda: a.wakeups._has_peers() and b.wakeups._has_peers())
             a.wake([delivery.Published(10, 7, "/t", 3, [42])])
             b.wake([delivery.Published(11, 7, "/t", 3, [42])])
             assert await eventually(lambda: (3, 10) in theirs.offered and (3, 11) in mine.offered)
             assert sorted(sent) == sorted([a.origin, b.origin])
         finally:
             b.close()
-        monkeypatch.setattr(delivery, "PEER_FORGET_SECONDS", 0.3)
-        assert await eventually(lambda: not a._has_peers())
+        monkeypatch.setattr(wakeups, "PEER_FORGET_SECONDS", 0.3)
+        assert await eventually(lambda: not a.wakeups._has_peers())
         sent.clear()
         a.wake([delivery.Published(12, 7, "/t", 3, [42])])
         await asyncio.sleep(0.1)
