@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import sys
-import time
 import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
@@ -42,14 +38,16 @@ from broker.store.lanes import Storage
 from . import wakeups
 from .cache import PayloadCache
 from .commit import CATCH_UP_SECONDS, GroupCommit
+from .health import HealthReport, process_role
 from .mailbox import Mailbox
 from .sweeps import Sweeps
 from .wakeups import WakeUps
 
+__all__ = ["Dispatcher", "Session", "get_dispatcher", "process_role", "recover_journals",
+           "shutdown"]
+
 logger = logging.getLogger("broker.delivery")
 
-# How often the operators' counters and this listener's health go to Redis (opsmetrics).
-METRICS_FLUSH_SECONDS = 1.0
 # How long an ACK by a session of this process keeps the message from being offered to its
 # account again here, and at most how many are kept (see Dispatcher.offer).
 RECENT_ACK_SECONDS = 60.0
@@ -89,8 +87,7 @@ class Dispatcher:
         self.commits = GroupCommit(self.metrics, self.wake, self.cache.remember,
                                    self._acked_here)
         self.wakeups = WakeUps(self.origin, self.offer, self.withdraw)
-        self._started_at = time.time()
-        self._metrics_task = asyncio.ensure_future(self._metrics_loop())
+        self.report = HealthReport(self.origin, self.sessions, self.metrics, self.commits)
         self.sweeps = Sweeps(self.sessions, self.backlog,
                              first_sweep=wakeups.PEER_STARTUP_SECONDS)
 
@@ -262,70 +259,21 @@ class Dispatcher:
 
     def health(self) -> dict:
         """This listener as the operators' console shows it (opsmetrics.listeners())."""
-        return {"origin": self.origin, "host": socket.gethostname(), "pid": os.getpid(),
-                # Which server this dispatcher serves (runsmqp, runqqp, daphne, ...).
-                "command": _command(), "role": process_role(),
-                "started": self._started_at, "at": time.time(),
-                "sessions": sum(len(s) for s in self.sessions.values()),
-                "storage_processes": self.storage.health(),
-                "journal_backlog": self.commits.queued[1],
-                "publish_queue": self.commits.queued[0]}
-
-    async def _metrics_loop(self) -> None:
-        """Every METRICS_FLUSH_SECONDS: the counts since the last time, and this listener's
-        health, to Redis (in a thread: a slow Redis never holds up the event loop)."""
-        while True:
-            await asyncio.sleep(METRICS_FLUSH_SECONDS)
-            await self.flush_metrics()
+        return self.report.health()
 
     def unacked(self) -> dict[str, int]:
         """guid → messages sent to the session and not ACKed yet (its mailbox's one in
         flight, and the queue-mode locks it holds), for the operators' sessions list."""
-        out = {}
-        for sessions in self.sessions.values():
-            for session in sessions:
-                # (A session of a door without a login row, or a test's stand-in, has none.)
-                login = getattr(session, "session", None)
-                if login is not None and getattr(login, "guid", None):
-                    out[login.guid] = session.mailbox.unacked
-        return out
+        return self.report.unacked()
 
     async def flush_metrics(self) -> None:
-        deltas = self.metrics.take()
-        try:
-            await asyncio.to_thread(opsmetrics.flush, deltas, self.health(), self.origin,
-                                    self.unacked())
-        except Exception:  # Redis away: the counts wait for the next flush
-            self.metrics.give_back(deltas)
-            logger.warning("operators' counters not written", exc_info=True)
+        await self.report.flush()
 
     def close(self) -> None:
         self.wakeups.close()
         self.sweeps.close()
-        self._metrics_task.cancel()
+        self.report.close()
         self.commits.close()
-
-
-#: What the console calls each broker process, by the command that started it.
-ROLES = {"runsmqp": "SMQP listener", "runqqp": "QQP listener",
-         "runlinks": "federation links", "daphne": "web: admin, REST, XMPP (Daphne)",
-         "celery": "Celery worker"}
-
-
-def _command() -> str:
-    """The management command (``manage.py runsmqp``) or the module run (``python -m
-    daphne``, whose argv[0] is its ``__main__.py``) of this process."""
-    argv = sys.argv
-    if argv and os.path.basename(argv[0]) == "__main__.py":
-        return os.path.basename(os.path.dirname(argv[0]))
-    if argv and os.path.basename(argv[0]) in ("manage.py", "django-admin") and len(argv) > 1:
-        return argv[1]
-    return os.path.basename(argv[0]) if argv else ""
-
-
-def process_role() -> str:
-    command = _command()
-    return ROLES.get(command, command or "unknown process")
 
 
 _dispatchers: dict[asyncio.AbstractEventLoop, Dispatcher] = {}
