@@ -13,6 +13,7 @@ import gc
 
 from broker.delivery import cache
 from broker.delivery.cache import PayloadCache
+from broker.services.read import DeliveryPolicy
 from broker.smqp.message import DataSection, Message
 
 
@@ -55,3 +56,52 @@ async def test_the_oldest_entries_go_once_the_cache_is_over_its_bytes(monkeypatc
         payloads.remember(smuid, ("/t", f"c/{smuid}", message(str(smuid), b"x" * 100)))
     assert list(payloads._cache) == [2, 3, 4]
     assert payloads._cache_bytes == 3 * entry_size
+
+
+class Lookups:
+    """Stands for the database thread: answers read.retry_policy / read.deliverable, and
+    counts the lookups."""
+
+    def __init__(self, allowed: bool = True) -> None:
+        self.allowed = allowed
+        self.calls: list[str] = []
+
+    async def run(self, fn, *args):
+        self.calls.append(fn.__name__)
+        if fn.__name__ == "retry_policy":
+            return DeliveryPolicy(30, 5, queue=False)
+        return self.allowed
+
+
+async def test_a_topic_s_policy_is_looked_up_once_for_a_while(monkeypatch):
+    lookups = Lookups()
+    monkeypatch.setattr(cache.dbthread, "run", lookups.run)
+    payloads = PayloadCache()
+    first = await payloads.retry_policy("/t")
+    assert first == DeliveryPolicy(30, 5, queue=False)
+    assert await payloads.retry_policy("/t") == first
+    assert lookups.calls == ["retry_policy"]
+    await payloads.retry_policy("/u")  # another topic: its own lookup
+    assert lookups.calls == ["retry_policy", "retry_policy"]
+
+
+async def test_a_right_to_receive_is_remembered_a_while_and_a_refusal_never(monkeypatch):
+    lookups = Lookups()
+    monkeypatch.setattr(cache.dbthread, "run", lookups.run)
+    monkeypatch.setattr(cache, "GRANT_MEMO_SECONDS", 3600)
+    payloads = PayloadCache()
+    assert await payloads.deliverable(42, 9, "/t") is True
+    assert await payloads.deliverable(42, 10, "/t") is True  # remembered: no lookup
+    assert lookups.calls == ["deliverable"]
+    lookups.allowed = False
+    assert await payloads.deliverable(43, 9, "/t") is False  # another account asks
+    assert await payloads.deliverable(43, 9, "/t") is False  # and asks again
+    assert lookups.calls == ["deliverable"] * 3
+    # A yes past its memo time is asked again (and the answer may have changed).
+    monkeypatch.setattr(cache, "GRANT_MEMO_SECONDS", 0)
+    lookups.allowed = True
+    payloads = PayloadCache()
+    assert await payloads.deliverable(42, 9, "/t") is True
+    lookups.allowed = False
+    assert await payloads.deliverable(42, 10, "/t") is False
+    assert lookups.calls == ["deliverable"] * 5
