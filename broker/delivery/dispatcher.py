@@ -1,17 +1,18 @@
-"""The per-process dispatcher: group commit of publishes and ACKs, and wake-ups.
+"""The per-process dispatcher: the one object the doors' sessions talk to.
 
-Every listener process has one :class:`Dispatcher` (per event loop). Publishes and ACKs from
-all sessions queue here; one writer task for each stores whatever has queued up in a single
-transaction (so a burst of publishes costs one commit, not one each), and only then lets the
-sessions answer ``200`` / ``310 ACK``. The commits run in storage processes
-(:mod:`broker.store.lanes`), on PostgreSQL side by side, each on a connection of its own
-(:func:`broker.store.dbthread.acks_apart`). After each commit it offers the
-new messages to the subscribed sessions of this process directly, and to other processes
-through the Channels layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
+Every listener process has one :class:`Dispatcher` (per event loop). It keeps the live
+subscriber sessions by account and offers them what was committed, and composes the parts
+that each do one job:
 
-ACKs are recorded in the listener's ACK journal (:mod:`broker.store.journal`) before ``310 ACK``
-goes out, and reach the database in the ACK batches behind it (``SMQP_ACK_JOURNAL=0``: the
-``310 ACK`` waits for the batch's commit instead).
+- :mod:`.commit`: the group commit. Publishes and ACKs from all sessions queue there and go
+  to the database in batches (run in the storage processes); a publish is answered, an ACK
+  recorded (in the ACK journal, or by its batch's commit) only then.
+- :mod:`.wakeups`: wake-ups and presence. After each commit the new messages are offered to
+  the sessions of this process directly, and told to other processes through the Channels
+  layer: one wake-up per topic per batch on the group ``smqp-dispatch``.
+- :mod:`.sweeps`: the backlog and subscription sweeps, by the clock.
+- :mod:`.cache`: committed messages kept for NOTIFY, delivery policies, subscribe rights.
+- :mod:`.health`: the operators' counters and this listener's health, flushed to Redis.
 
 Queue-mode topics (profile §9.6) take another path: a message is locked to the session
 before its NOTIFY, and its ACK is decided against that lock in the database at once
@@ -75,6 +76,9 @@ class Session(Protocol):
 
 
 class Dispatcher:
+    """The sessions of this process by account, what they ACKed lately, and the doors'
+    waiters; the parts above do the rest, each wired to the others through this object."""
+
     def __init__(self) -> None:
         self.origin = uuid.uuid4().hex
         self.sessions: dict[int, set[Session]] = defaultdict(set)

@@ -42,7 +42,7 @@ class Sweeps:
         period = settings.SMQP_BACKLOG_SWEEP_SECONDS
         if period <= 0:
             return
-        delay = min(period, self._first_sweep)  # the first one early: see PEER_HELLO_SECONDS
+        delay = min(period, self._first_sweep)  # the first early: see wakeups.PEER_HELLO_SECONDS
         while True:
             await asyncio.sleep(delay)
             delay = period

@@ -270,3 +270,38 @@ async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_ack
         assert (42, 1, 10) in rows  # not recorded: offered again
     finally:
         a.close()
+
+
+class Forgetting(Probe):
+    """A session of account 42 that records what its mailbox is told to forget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgotten: list[tuple[int, bool]] = []
+
+    def forget(self, smuid: int, *, live_too: bool = False) -> None:
+        self.forgotten.append((smuid, live_too))
+
+
+async def test_an_ack_through_the_dispatcher_is_committed_once_for_its_account(layer, settings):
+    """The dispatcher's part of an ACK around the group commit's: the account's other
+    sessions skip the message, and another of its sessions ACKing it too is not committed
+    again."""
+    from broker.services.ack import AckRequest
+
+    settings.SMQP_ACK_JOURNAL = False
+    a = Dispatcher()
+    a.storage.close()
+    store = a.commits.storage = AckStore()
+    acking, other = Forgetting(), Forgetting()
+    a.register(acking)
+    a.register(other)
+    try:
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), acking), 5)
+        assert store.batches == [[9]]
+        assert other.forgotten == [(9, False)] and acking.forgotten == []
+        assert (42, 9) in a._recent_acks
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), other), 5)
+        assert store.batches == [[9]]  # recorded already for the account
+    finally:
+        a.close()
