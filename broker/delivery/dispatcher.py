@@ -22,7 +22,6 @@ before its NOTIFY, and its ACK is decided against that lock in the database at o
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
@@ -46,8 +45,6 @@ from .wakeups import WakeUps
 
 __all__ = ["Dispatcher", "Session", "get_dispatcher", "process_role", "recover_journals",
            "shutdown"]
-
-logger = logging.getLogger("broker.delivery")
 
 # How long an ACK by a session of this process keeps the message from being offered to its
 # account again here, and at most how many are kept (see Dispatcher.offer).
