@@ -1,8 +1,12 @@
 """The delivery layer: between the doors and the services.
 
-- :mod:`.dispatcher`: the per-process dispatcher. Group commit of publishes and ACKs (run
-  in the store's storage processes), and wake-ups: committed messages offered to the
-  subscriber sessions of this process directly and of other processes through Redis.
+- :mod:`.dispatcher`: the per-process dispatcher, the facade the sessions talk to. It
+  composes :mod:`.commit` (group commit of publishes and ACKs, run in the store's storage
+  processes, and the ACK journal), :mod:`.wakeups` (committed messages offered to the
+  subscriber sessions of this process directly and of other processes through Redis; who
+  else is on the dispatch group), :mod:`.sweeps` (backlog and subscription sweeps),
+  :mod:`.cache` (payloads for NOTIFY, policies, rights) and :mod:`.health` (the operators'
+  counters).
 - :mod:`.mailbox`: what one subscriber session has waiting, in flight, to retry and locked
   (pure: the door drives it and does the I/O; the locks themselves are the store's,
   :mod:`broker.services.locks`).

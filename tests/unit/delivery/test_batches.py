@@ -1,4 +1,4 @@
-"""How the dispatcher cuts queued publishes into group commits (:func:`_batch_size`), how
+"""How the group commit cuts queued publishes into batches (:func:`_batch_size`), how
 many go at once (:func:`_may_send`), and in which order PostgreSQL's two publish lanes
 commit them (:meth:`broker.store.lanes.Storage._publish_held`)."""
 
@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from broker.delivery import dispatcher as delivery
-from broker.services.publish import PublishRequest
+from broker.delivery import commit, dispatcher
+from broker.delivery.linger import PublishLinger
+from broker.services.publish import Published, PublishRequest
 from broker.smqp.message import DataSection, Message
 from broker.store import lanes as storage
 
@@ -21,41 +22,41 @@ def queued(*sizes: int) -> list:
 
 
 def test_a_batch_stops_before_the_byte_limit(monkeypatch):
-    monkeypatch.setattr(delivery, "MAX_BATCH_BYTES", 100)
-    assert delivery._batch_size(queued(40, 40, 40, 40), 10) == 2
-    assert delivery._batch_size(queued(40, 60, 1), 10) == 2  # exactly the limit fits
+    monkeypatch.setattr(commit, "MAX_BATCH_BYTES", 100)
+    assert commit._batch_size(queued(40, 40, 40, 40), 10) == 2
+    assert commit._batch_size(queued(40, 60, 1), 10) == 2  # exactly the limit fits
 
 
 def test_a_message_over_the_limit_goes_alone(monkeypatch):
-    monkeypatch.setattr(delivery, "MAX_BATCH_BYTES", 100)
-    assert delivery._batch_size(queued(500, 1, 1), 10) == 1
-    assert delivery._batch_size(queued(1, 500, 1), 10) == 1
+    monkeypatch.setattr(commit, "MAX_BATCH_BYTES", 100)
+    assert commit._batch_size(queued(500, 1, 1), 10) == 1
+    assert commit._batch_size(queued(1, 500, 1), 10) == 1
 
 
 def test_the_count_limit_still_holds(monkeypatch):
-    monkeypatch.setattr(delivery, "MAX_BATCH_BYTES", 10**9)
-    assert delivery._batch_size(queued(*[10] * 50), 8) == 8
-    assert delivery._batch_size(queued(10, 10), 8) == 2
-    assert delivery._batch_size([], 8) == 0
+    monkeypatch.setattr(commit, "MAX_BATCH_BYTES", 10**9)
+    assert commit._batch_size(queued(*[10] * 50), 8) == 8
+    assert commit._batch_size(queued(10, 10), 8) == 2
+    assert commit._batch_size([], 8) == 0
 
 
 def test_how_many_batches_go_at_once():
     sqlite, postgres, one = (4, 2, 32), (2, 1, 128), (1, 1, 0)
     # SQLite: up to two, whatever is queued.
-    assert delivery._may_send(0, 1, sqlite) and delivery._may_send(1, 1, sqlite)
+    assert commit._may_send(0, 1, sqlite) and commit._may_send(1, 1, sqlite)
     # A third and fourth: only a batch of 32 or more (a few publishes wait and grow).
-    assert not delivery._may_send(2, 31, sqlite)
-    assert delivery._may_send(2, 32, sqlite) and delivery._may_send(3, 500, sqlite)
+    assert not commit._may_send(2, 31, sqlite)
+    assert commit._may_send(2, 32, sqlite) and commit._may_send(3, 500, sqlite)
     # Never beyond the limit.
-    assert not delivery._may_send(4, 500, sqlite)
+    assert not commit._may_send(4, 500, sqlite)
     # PostgreSQL's two publish lanes: one whatever its size, a second only when large.
-    assert delivery._may_send(0, 1, postgres)
-    assert not delivery._may_send(1, 127, postgres)
-    assert delivery._may_send(1, 128, postgres)
-    assert not delivery._may_send(2, 500, postgres)
+    assert commit._may_send(0, 1, postgres)
+    assert not commit._may_send(1, 127, postgres)
+    assert commit._may_send(1, 128, postgres)
+    assert not commit._may_send(2, 500, postgres)
     # One lane whose commits wait for the disk: one at a time, however many are queued.
-    assert delivery._may_send(0, 1, one)
-    assert not delivery._may_send(1, 500, one)
+    assert commit._may_send(0, 1, one)
+    assert not commit._may_send(1, 500, one)
 
 
 class FakeLane:
@@ -191,7 +192,7 @@ async def test_a_small_batch_goes_in_one_call_after_the_held_one_before_it_commi
 # ------------------------------------------------------------------ lingering (PublishLinger)
 
 
-def stream(linger: delivery.PublishLinger, rate: float, start: float, end: float) -> float:
+def stream(linger: PublishLinger, rate: float, start: float, end: float) -> float:
     """Publishes at ``rate`` a second from ``start`` to ``end``; returns the last one's time."""
     t = start
     while t < end:
@@ -201,7 +202,7 @@ def stream(linger: delivery.PublishLinger, rate: float, start: float, end: float
 
 
 def test_a_small_batch_waits_for_company_only_under_a_fast_stream():
-    linger = delivery.PublishLinger(0.004, batch=32, rate=2000, window=0.25, gaps=2,
+    linger = PublishLinger(0.004, batch=32, rate=2000, window=0.25, gaps=2,
                                     gap_min=0.0005)
     # 1,000 publishes a second: each batch goes at once (the wait would gather a handful).
     last = stream(linger, 1000, 0.0, 1.0)
@@ -228,7 +229,7 @@ def test_a_small_batch_waits_for_company_only_under_a_fast_stream():
     linger.arrived(last + 5.0)
     assert linger.hold(1, last + 5.0, last + 5.0) == 0
     # Lingering switched off (SMQP_PUBLISH_LINGER_MS=0).
-    off = delivery.PublishLinger(0, batch=32, rate=2000, window=0.25)
+    off = PublishLinger(0, batch=32, rate=2000, window=0.25)
     last = stream(off, 10_000, 0.0, 1.0)
     assert off.hold(1, last, last) == 0
 
@@ -243,7 +244,7 @@ class RecordingStorage:
 
     async def publish_batch(self, requests: list) -> list:
         self.batches.append(len(requests))
-        return [delivery.Published(i + 1, 7, "/t", 0, []) for i, _ in enumerate(requests)]
+        return [Published(i + 1, 7, "/t", 0, []) for i, _ in enumerate(requests)]
 
     def close(self) -> None:
         pass
@@ -253,25 +254,25 @@ def test_the_dispatcher_holds_a_small_batch_back_until_it_fills_or_its_time_is_u
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
     async def scenario() -> list[int]:
-        dispatcher = delivery.Dispatcher()
-        real, fake = dispatcher.storage, RecordingStorage()
-        dispatcher.storage = fake  # before the publish loop's first step reads its window
+        facade = dispatcher.Dispatcher()
+        real, fake = facade.storage, RecordingStorage()
+        facade.commits.storage = fake  # before the publish loop's first step reads its window
         real.close()
         # Every rate counts as a stream, and a held batch waits (all but) forever.
-        dispatcher._linger = delivery.PublishLinger(3600, batch=8, rate=0, window=3600,
+        facade.commits.linger = PublishLinger(3600, batch=8, rate=0, window=3600,
                                                     gap_min=3600)
         try:
-            first = [dispatcher.publish(queued(10)[0][0]) for _ in range(3)]
+            first = [facade.publish(queued(10)[0][0]) for _ in range(3)]
             await asyncio.sleep(0.05)
             assert fake.batches == []  # held: three are not a batch worth its transaction
-            rest = [dispatcher.publish(queued(10)[0][0]) for _ in range(5)]
+            rest = [facade.publish(queued(10)[0][0]) for _ in range(5)]
             await asyncio.wait_for(asyncio.gather(*first, *rest), 5)
             assert fake.batches == [8]  # the eighth made it worth sending: all together
             # A held batch goes once its first publish has waited the linger time.
-            dispatcher._linger.seconds = 0.05
-            await asyncio.wait_for(dispatcher.publish(queued(10)[0][0]), 5)
+            facade.commits.linger.seconds = 0.05
+            await asyncio.wait_for(facade.publish(queued(10)[0][0]), 5)
             return fake.batches
         finally:
-            dispatcher.close()
+            facade.close()
 
     assert asyncio.run(scenario()) == [8, 1]

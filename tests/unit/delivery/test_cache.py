@@ -1,26 +1,20 @@
-"""The dispatcher's cache of committed messages, kept for NOTIFY (:mod:`broker.delivery`).
+"""The dispatcher's cache of committed messages, kept for NOTIFY
+(:class:`broker.delivery.cache.PayloadCache`).
 
 An entry is one bytes object, which the garbage collector never tracks: a full cache must
 not be hundreds of thousands of objects for every full collection to walk while the
 listener stands still. The rest of the behaviour (what NOTIFY sends) is tested
-end to end over sockets; here, the cache itself, without a running dispatcher.
+end to end over sockets; here, the cache itself, without a running payloads.
 """
 
 from __future__ import annotations
 
 import gc
-from collections import OrderedDict
 
-from broker.delivery import dispatcher as delivery
+from broker.delivery import cache
+from broker.delivery.cache import PayloadCache
+from broker.services.read import DeliveryPolicy
 from broker.smqp.message import DataSection, Message
-
-
-def bare_dispatcher() -> delivery.Dispatcher:
-    """A dispatcher with only its cache (no storage processes, no channel layer)."""
-    dispatcher = delivery.Dispatcher.__new__(delivery.Dispatcher)
-    dispatcher._cache = OrderedDict()
-    dispatcher._cache_bytes = 0
-    return dispatcher
 
 
 def message(tag: str, *bodies: bytes) -> Message:
@@ -31,34 +25,83 @@ def message(tag: str, *bodies: bytes) -> Message:
 
 
 async def test_a_remembered_message_comes_back_whole_and_as_a_copy():
-    dispatcher = bare_dispatcher()
+    payloads = PayloadCache()
     original = message("m1", b"\x00\x01binary", b"", b"third")
-    dispatcher._remember(7, ("/t/a", "c/1/2", original))
+    payloads.remember(7, ("/t/a", "c/1/2", original))
 
-    path, cmuid, loaded = await dispatcher.load(7)
+    path, cmuid, loaded = await payloads.load(7)
     assert (path, cmuid) == ("/t/a", "c/1/2")
     assert loaded == original and loaded is not original
     # What a caller does to its copy never reaches the cache.
     loaded.headers.append(("X-Mine", "1"))
     loaded.sections[0].headers.clear()
-    assert (await dispatcher.load(7))[2] == original
+    assert (await payloads.load(7))[2] == original
 
 
 async def test_cache_entries_are_not_tracked_by_the_garbage_collector():
-    dispatcher = bare_dispatcher()
+    payloads = PayloadCache()
     for smuid in range(200):
-        dispatcher._remember(smuid, ("/t", f"c/{smuid}", message(str(smuid), b"x" * 64)))
+        payloads.remember(smuid, ("/t", f"c/{smuid}", message(str(smuid), b"x" * 64)))
     # Not even before a collection has looked at them: nothing for one to walk.
-    assert [smuid for smuid, entry in dispatcher._cache.items() if gc.is_tracked(entry)] == []
+    assert [smuid for smuid, entry in payloads._cache.items() if gc.is_tracked(entry)] == []
     # The codec objects, by contrast, are tracked: this is what the entries avoid.
     assert gc.is_tracked(message("m", b"x"))
 
 
 async def test_the_oldest_entries_go_once_the_cache_is_over_its_bytes(monkeypatch):
-    entry_size = delivery._entry_size(delivery._pack(("/t", "c/0", message("0", b"x" * 100))))
-    monkeypatch.setattr(delivery, "CACHE_BYTES", 3 * entry_size)
-    dispatcher = bare_dispatcher()
+    entry_size = cache._entry_size(cache._pack(("/t", "c/0", message("0", b"x" * 100))))
+    monkeypatch.setattr(cache, "CACHE_BYTES", 3 * entry_size)
+    payloads = PayloadCache()
     for smuid in range(5):
-        dispatcher._remember(smuid, ("/t", f"c/{smuid}", message(str(smuid), b"x" * 100)))
-    assert list(dispatcher._cache) == [2, 3, 4]
-    assert dispatcher._cache_bytes == 3 * entry_size
+        payloads.remember(smuid, ("/t", f"c/{smuid}", message(str(smuid), b"x" * 100)))
+    assert list(payloads._cache) == [2, 3, 4]
+    assert payloads._cache_bytes == 3 * entry_size
+
+
+class Lookups:
+    """Stands for the database thread: answers read.retry_policy / read.deliverable, and
+    counts the lookups."""
+
+    def __init__(self, allowed: bool = True) -> None:
+        self.allowed = allowed
+        self.calls: list[str] = []
+
+    async def run(self, fn, *args):
+        self.calls.append(fn.__name__)
+        if fn.__name__ == "retry_policy":
+            return DeliveryPolicy(30, 5, queue=False)
+        return self.allowed
+
+
+async def test_a_topic_s_policy_is_looked_up_once_for_a_while(monkeypatch):
+    lookups = Lookups()
+    monkeypatch.setattr(cache.dbthread, "run", lookups.run)
+    payloads = PayloadCache()
+    first = await payloads.retry_policy("/t")
+    assert first == DeliveryPolicy(30, 5, queue=False)
+    assert await payloads.retry_policy("/t") == first
+    assert lookups.calls == ["retry_policy"]
+    await payloads.retry_policy("/u")  # another topic: its own lookup
+    assert lookups.calls == ["retry_policy", "retry_policy"]
+
+
+async def test_a_right_to_receive_is_remembered_a_while_and_a_refusal_never(monkeypatch):
+    lookups = Lookups()
+    monkeypatch.setattr(cache.dbthread, "run", lookups.run)
+    monkeypatch.setattr(cache, "GRANT_MEMO_SECONDS", 3600)
+    payloads = PayloadCache()
+    assert await payloads.deliverable(42, 9, "/t") is True
+    assert await payloads.deliverable(42, 10, "/t") is True  # remembered: no lookup
+    assert lookups.calls == ["deliverable"]
+    lookups.allowed = False
+    assert await payloads.deliverable(43, 9, "/t") is False  # another account asks
+    assert await payloads.deliverable(43, 9, "/t") is False  # and asks again
+    assert lookups.calls == ["deliverable"] * 3
+    # A yes past its memo time is asked again (and the answer may have changed).
+    monkeypatch.setattr(cache, "GRANT_MEMO_SECONDS", 0)
+    lookups.allowed = True
+    payloads = PayloadCache()
+    assert await payloads.deliverable(42, 9, "/t") is True
+    lookups.allowed = False
+    assert await payloads.deliverable(42, 10, "/t") is False
+    assert lookups.calls == ["deliverable"] * 5

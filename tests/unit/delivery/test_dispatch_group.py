@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from broker.delivery import Dispatcher
+from broker.delivery import Dispatcher, commit, wakeups
 from broker.delivery import dispatcher as delivery
+from broker.services.publish import Published
 
 
 class Probe:
@@ -50,17 +51,17 @@ async def test_a_dispatcher_that_cannot_join_at_first_keeps_trying(layer, monkey
         await real(group, channel)
 
     monkeypatch.setattr(layer, "group_add", flaky)
-    monkeypatch.setattr(delivery, "JOIN_WAIT_SECONDS", 0.1)
+    monkeypatch.setattr(wakeups, "JOIN_WAIT_SECONDS", 0.1)
     a = Dispatcher()
     probe = Probe()
     a.register(probe)
     try:
         await a.joined()  # gives up waiting after 0.1 s: the retry comes after 1 s
-        assert not a._joined.done()
-        await asyncio.wait_for(asyncio.shield(a._joined), 3)
+        assert not a.wakeups._joined.done()
+        await asyncio.wait_for(asyncio.shield(a.wakeups._joined), 3)
         other = Dispatcher()  # another process commits a message for account 42
         try:
-            other.wake([delivery.Published(9, 7, "/t", 3, [42])])
+            other.wake([Published(9, 7, "/t", 3, [42])])
             await asyncio.sleep(0.1)
         finally:
             other.close()
@@ -75,7 +76,7 @@ async def test_a_worker_s_wake_up_is_offered(layer):
     a.register(probe)
     try:
         await a.joined()
-        await layer.group_send(delivery.DISPATCH_GROUP, {
+        await layer.group_send(wakeups.DISPATCH_GROUP, {
             "type": "dispatch.wake", "origin": "", "items": [[3, 9, [42]]]})
         await asyncio.sleep(0.05)
         assert probe.offered == [(3, 9)]
@@ -134,10 +135,10 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
 
     settings.VAR_DIR = tmp_path  # the journal's folder
     settings.SMQP_ACK_JOURNAL = True
-    monkeypatch.setattr(delivery, "ACK_GATHER_SECONDS", 0.5)
+    monkeypatch.setattr(commit, "ACK_GATHER_SECONDS", 0.5)
     a = Dispatcher()
     a.storage.close()
-    store = a.storage = AckStore()
+    store = a.commits.storage = AckStore()
 
     async def acked(*smuids: int) -> None:
         for smuid in smuids:
@@ -156,7 +157,7 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
         await acked(2, 3, 4)
         await asyncio.sleep(0.1)
         assert store.batches == [[1]]  # gathering
-        monkeypatch.setattr(delivery, "ACK_GATHER_SECONDS", 30)  # the pause after the next
+        monkeypatch.setattr(commit, "ACK_GATHER_SECONDS", 30)  # the pause after the next
         await until(2)
         assert store.batches == [[1], [2, 3, 4]]
         # A pause of 30 s runs now; a backlog read does not wait it out.
@@ -164,14 +165,14 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
         await asyncio.wait_for(a.caught_up(), 10)
         assert store.batches == [[1], [2, 3, 4], [5]]
         # Another pause of 30 s: MAX_BATCH queued ACKs end it.
-        monkeypatch.setattr(delivery, "MAX_BATCH", 3)
+        monkeypatch.setattr(commit, "MAX_BATCH", 3)
         await acked(6, 7)
         await asyncio.sleep(0.1)
         assert len(store.batches) == 3
         await acked(8)
         await until(4)
         assert store.batches[3] == [6, 7, 8]
-        assert not a.journal.pending
+        assert not a.commits.journal.pending
     finally:
         a.close()
 
@@ -188,10 +189,10 @@ async def eventually(condition, timeout: float = 5.0) -> bool:
 async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, monkeypatch):
     """A dispatcher alone on the group sends no wake-ups; one that joins says hello and is
     answered, so both wake each other at once; one that is gone is forgotten."""
-    monkeypatch.setattr(delivery, "PEER_STARTUP_SECONDS", 0)
+    monkeypatch.setattr(wakeups, "PEER_STARTUP_SECONDS", 0)
     # Hellos when joining only: b learns of a from a's answer.
-    monkeypatch.setattr(delivery, "PEER_HELLO_SECONDS", 600)
-    monkeypatch.setattr(delivery, "PEER_FORGET_SECONDS", 600)
+    monkeypatch.setattr(wakeups, "PEER_HELLO_SECONDS", 600)
+    monkeypatch.setattr(wakeups, "PEER_FORGET_SECONDS", 600)
     sent: list[str] = []
     real = layer.group_send
 
@@ -205,24 +206,24 @@ async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, mo
     a.register(mine)
     try:
         await a.joined()
-        a.wake([delivery.Published(9, 7, "/t", 3, [42])])
+        a.wake([Published(9, 7, "/t", 3, [42])])
         await asyncio.sleep(0.1)
         assert mine.offered == [(3, 9)] and sent == []  # offered here, told nobody
         b, theirs = Dispatcher(), Probe()
         b.register(theirs)
         try:
             await b.joined()
-            assert await eventually(lambda: a._has_peers() and b._has_peers())
-            a.wake([delivery.Published(10, 7, "/t", 3, [42])])
-            b.wake([delivery.Published(11, 7, "/t", 3, [42])])
+            assert await eventually(lambda: a.wakeups._has_peers() and b.wakeups._has_peers())
+            a.wake([Published(10, 7, "/t", 3, [42])])
+            b.wake([Published(11, 7, "/t", 3, [42])])
             assert await eventually(lambda: (3, 10) in theirs.offered and (3, 11) in mine.offered)
             assert sorted(sent) == sorted([a.origin, b.origin])
         finally:
             b.close()
-        monkeypatch.setattr(delivery, "PEER_FORGET_SECONDS", 0.3)
-        assert await eventually(lambda: not a._has_peers())
+        monkeypatch.setattr(wakeups, "PEER_FORGET_SECONDS", 0.3)
+        assert await eventually(lambda: not a.wakeups._has_peers())
         sent.clear()
-        a.wake([delivery.Published(12, 7, "/t", 3, [42])])
+        a.wake([Published(12, 7, "/t", 3, [42])])
         await asyncio.sleep(0.1)
         assert (3, 12) in mine.offered and sent == []
     finally:
@@ -240,15 +241,15 @@ async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_ack
     settings.SMQP_ACK_JOURNAL = False
     a = Dispatcher()
     a.storage.close()
-    store = a.storage = AckStore()
-    assert a.journal is None
+    store = a.commits.storage = AckStore()
+    assert a.commits.journal is None
     query_may_answer = asyncio.Event()
 
     async def stored_rows(fn, account_ids):  # stands for backlog_for on the database thread
         await query_may_answer.wait()
         return [(42, 1, 9), (42, 1, 10)]
 
-    monkeypatch.setattr(delivery.dbthread, "run", stored_rows)
+    monkeypatch.setattr(commit.dbthread, "run", stored_rows)
     try:
         read = asyncio.ensure_future(a.backlog([42]))
         await asyncio.sleep(0.01)  # its query has begun
@@ -267,5 +268,40 @@ async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_ack
             await asyncio.wait_for(a.ack(AckRequest(42, 10, 1, False)), 5)
         rows, _ = await asyncio.wait_for(a.backlog([42]), 5)
         assert (42, 1, 10) in rows  # not recorded: offered again
+    finally:
+        a.close()
+
+
+class Forgetting(Probe):
+    """A session of account 42 that records what its mailbox is told to forget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgotten: list[tuple[int, bool]] = []
+
+    def forget(self, smuid: int, *, live_too: bool = False) -> None:
+        self.forgotten.append((smuid, live_too))
+
+
+async def test_an_ack_through_the_dispatcher_is_committed_once_for_its_account(layer, settings):
+    """The dispatcher's part of an ACK around the group commit's: the account's other
+    sessions skip the message, and another of its sessions ACKing it too is not committed
+    again."""
+    from broker.services.ack import AckRequest
+
+    settings.SMQP_ACK_JOURNAL = False
+    a = Dispatcher()
+    a.storage.close()
+    store = a.commits.storage = AckStore()
+    acking, other = Forgetting(), Forgetting()
+    a.register(acking)
+    a.register(other)
+    try:
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), acking), 5)
+        assert store.batches == [[9]]
+        assert other.forgotten == [(9, False)] and acking.forgotten == []
+        assert (42, 9) in a._recent_acks
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), other), 5)
+        assert store.batches == [[9]]  # recorded already for the account
     finally:
         a.close()
