@@ -27,6 +27,7 @@ both kinds of topic; such a lock ends with the delivery waiting for the same acc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -57,7 +58,30 @@ from .publish import Published
 
 LOCKED = Delivery.State.NOTIFIED
 
-__all__ = ["ack_locked", "expire_locks", "lock", "release", "release_held"]
+__all__ = ["LockAck", "LockTake", "ack_locked", "expire_locks", "lock", "release",
+           "release_held", "settle"]
+
+
+@dataclass(frozen=True)
+class LockTake:
+    """A session's request to lock a queue message before sending it (as :func:`lock`)."""
+
+    account_id: int
+    holder: str
+    smuid: int
+    retry_timeout: int
+    max_retries: int
+
+
+@dataclass(frozen=True)
+class LockAck:
+    """The ACK of a queue message by the session holding its lock (as :func:`ack_locked`)."""
+
+    account_id: int
+    holder: str
+    smuid: int
+    receipt: bool = True
+    door: str = "smqp"
 
 
 def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
@@ -69,11 +93,9 @@ def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
     policy, with ``retry_timeout``). Counts the attempt. Committed as an ACK is (without a
     disk flush unless ``SMQP_ACK_DURABILITY=full``): a lock lost with the machine only
     lets the message be sent again."""
-    now = timezone.now()
-    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
-        won = stored.lock_delivery(account_id, session_guid, smuid, now,
-                                   now + timedelta(seconds=retry_timeout), max_retries)()
-    return bool(won)
+    [took], _, _ = settle([LockTake(account_id, session_guid, smuid, retry_timeout,
+                                    max_retries)], [])
+    return took
 
 
 def ack_locked(account_id: int, session_guid: str, smuid: int,
@@ -85,21 +107,47 @@ def ack_locked(account_id: int, session_guid: str, smuid: int,
     (the message is known not to ask for one), a receipt goes to its publisher if asked
     for. Returns the receipts, for the caller to announce (the listener's dispatcher wakes
     them; elsewhere :func:`.notify.messages_committed`)."""
-    now = timezone.now()
-    try:
-        account = snapshot_for_id(account_id).account.username
-    except Account.DoesNotExist:  # deleted: its deliveries went with it
-        raise conflict("lock not held") from None
-    receipts: list[Published] | None = None
-    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
-        if stored.consume_lock(account_id, session_guid, smuid, now)():
-            stored.finish_messages([smuid], now)
-            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "",
-                                {"door": door})], now)
-            receipts = send_receipts([smuid], now) if receipt else []
-    if receipts is None:
+    _, [consumed], receipts = settle([], [LockAck(account_id, session_guid, smuid, receipt,
+                                                  door)])
+    if not consumed:
         raise conflict("lock not held")
     return receipts
+
+
+def settle(takes: list[LockTake], acks: list[LockAck]
+           ) -> tuple[list[bool], list[bool], list[Published]]:
+    """Many sessions' :func:`lock` and :func:`ack_locked` in one transaction: the queue-mode
+    group commit of a listener. Each verb is decided alone, by the same conditional UPDATE
+    as its single form, so a batch changes no outcome, only the number of commits. The ACKs
+    go first: an item consumed in the batch is not locked again by it. Returns, in order,
+    whether each take won its lock and whether each ACK consumed its message (else it is
+    the 409 "lock not held"), and the receipts to announce."""
+    now = timezone.now()
+    names: dict[int, str | None] = {}
+    for ack in acks:
+        if ack.account_id not in names:
+            try:
+                names[ack.account_id] = snapshot_for_id(ack.account_id).account.username
+            except Account.DoesNotExist:  # deleted: its deliveries went with it
+                names[ack.account_id] = None
+    deadline = {t: now + timedelta(seconds=t.retry_timeout) for t in set(takes)}
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        # Every statement is sent before any result is read: one round trip on PostgreSQL.
+        consuming = [stored.consume_lock(a.account_id, a.holder, a.smuid, now)
+                     if names[a.account_id] is not None else None for a in acks]
+        acked = [bool(rows()) if rows is not None else False for rows in consuming]
+        won = [a for a, ok in zip(acks, acked, strict=True) if ok]
+        receipts: list[Published] = []
+        if won:
+            stored.finish_messages([a.smuid for a in won], now)
+            stored.log_events([(UsageEvent.Kind.ACK.value, names[a.account_id] or "", "",
+                                a.smuid, 0, "", {"door": a.door}) for a in won], now)
+            wanted = [a.smuid for a in won if a.receipt]
+            receipts = send_receipts(wanted, now) if wanted else []
+        locking = [stored.lock_delivery(t.account_id, t.holder, t.smuid, now, deadline[t],
+                                        t.max_retries) for t in takes]
+        took = [bool(rows()) for rows in locking]
+    return took, acked, receipts
 
 
 def release(account_id: int, session_guid: str,
