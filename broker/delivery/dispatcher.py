@@ -800,7 +800,7 @@ class Dispatcher:
     @staticmethod
     async def _settle_locks(takes: list[LockTake], acks: list[LockAck]
                             ) -> tuple[list[bool], list[bool], list[Published]]:
-        return await dbthread.run_ack(locks.settle, takes, acks)
+        return await dbthread.run(locks.settle, takes, acks)
 
     # ------------------------------------------------------------------ operators' counters
 
