@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from broker.domain.message import Message
-from broker.services import locks, notify
+from broker.services import conflict, locks, notify
 from broker.services.ack import AckRequest, ack_batch, mark_dead
+from broker.services.locks import LockAck, LockTake
 from broker.services.publish import Published, PublishRequest
 from broker.services.read import DeliveryPolicy
 from broker.store import dbthread, journal, opsmetrics
@@ -37,6 +38,7 @@ from broker.store.lanes import Storage
 
 from . import wakeups
 from .cache import PayloadCache
+from .claims import Claims, LockCommit
 from .commit import CATCH_UP_SECONDS, GroupCommit
 from .health import HealthReport, process_role
 from .mailbox import Mailbox
@@ -91,6 +93,8 @@ class Dispatcher:
         self.report = HealthReport(self.origin, self.sessions, self.metrics, self.commits)
         self.sweeps = Sweeps(self.sessions, self.backlog,
                              first_sweep=wakeups.PEER_STARTUP_SECONDS)
+        self.claims = Claims(asyncio.get_running_loop().time)
+        self.lock_commit = LockCommit(self._settle_locks, self.wake)
 
     @property
     def storage(self) -> Storage:
@@ -232,10 +236,21 @@ class Dispatcher:
     async def lock(self, account_id: int, session_guid: str, smuid: int,
                    policy: DeliveryPolicy) -> bool:
         """Queue mode: lock the message to the session before its NOTIFY; False when the
-        session may not send it (another account's turn now, locked by another session,
-        retries spent, gone)."""
-        return await dbthread.run(locks.lock, account_id, session_guid, smuid,
-                                  policy.retry_timeout, policy.max_retries)
+        session may not send it (another session here claimed it, another account's turn
+        now, locked by another session, retries spent, gone). See :mod:`.claims`."""
+        key = (account_id, smuid)
+        if not self.claims.claim(key, session_guid, policy.retry_timeout):
+            return False
+        try:
+            won = await self.lock_commit.take(LockTake(account_id, session_guid, smuid,
+                                                       policy.retry_timeout,
+                                                       policy.max_retries))
+        except BaseException:
+            self.claims.drop(key, session_guid)
+            raise
+        if not won:
+            self.claims.drop(key, session_guid)
+        return won
 
     async def ack_locked(self, request: AckRequest, session_guid: str,
                          session: Session | None = None) -> None:
@@ -243,18 +258,31 @@ class Dispatcher:
         journal: it must be weighed against the lock); ServiceError 409 when the session no
         longer holds the lock, and nothing changed. The account's other sessions here then
         no longer send it."""
-        receipts = await dbthread.run(locks.ack_locked, request.account_id, session_guid,
-                                      request.smuid, request.receipt, request.door)
+        key = (request.account_id, request.smuid)
+        try:
+            consumed = await self.lock_commit.ack(LockAck(
+                request.account_id, session_guid, request.smuid, request.receipt,
+                request.door))
+        finally:
+            self.claims.drop(key, session_guid)
+        if not consumed:
+            raise conflict("lock not held")
         self.metrics.count("ack")
         self._acked_here(request)
         self._forget_elsewhere(request, session, live_too=True)
-        self.wake(receipts)
 
     async def release(self, account_id: int, session_guid: str,
                       smuids: list[int] | None = None) -> None:
         """Queue mode: the session's locks (all, or those on ``smuids``) end now; their
         messages are offered to the next subscriber, here and in every process."""
+        self.claims.drop_holder(
+            session_guid, None if smuids is None else [(account_id, m) for m in smuids])
         self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids))
+
+    @staticmethod
+    async def _settle_locks(takes: list[LockTake], acks: list[LockAck]
+                            ) -> tuple[list[bool], list[bool], list[Published]]:
+        return await dbthread.run(locks.settle, takes, acks)
 
     # ------------------------------------------------------------------ operators' counters
 
@@ -271,6 +299,7 @@ class Dispatcher:
         await self.report.flush()
 
     def close(self) -> None:
+        self.lock_commit.close()
         self.wakeups.close()
         self.sweeps.close()
         self.report.close()

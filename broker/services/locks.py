@@ -27,6 +27,7 @@ both kinds of topic; such a lock ends with the delivery waiting for the same acc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -57,8 +58,30 @@ from .publish import Published
 
 LOCKED = Delivery.State.NOTIFIED
 
-__all__ = ["ack_locked", "ack_locked_many", "expire_locks", "lock", "lock_many", "release",
-           "release_held"]
+__all__ = ["LockAck", "LockTake", "ack_locked", "ack_locked_many", "expire_locks", "lock",
+           "lock_many", "release", "release_held", "settle"]
+
+
+@dataclass(frozen=True)
+class LockTake:
+    """A session's request to lock a queue message before sending it (as :func:`lock`)."""
+
+    account_id: int
+    holder: str
+    smuid: int
+    retry_timeout: int
+    max_retries: int
+
+
+@dataclass(frozen=True)
+class LockAck:
+    """The ACK of a queue message by the session holding its lock (as :func:`ack_locked`)."""
+
+    account_id: int
+    holder: str
+    smuid: int
+    receipt: bool = True
+    door: str = "smqp"
 
 
 def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
@@ -70,11 +93,9 @@ def lock(account_id: int, session_guid: str, smuid: int, retry_timeout: int,
     policy, with ``retry_timeout``). Counts the attempt. Committed as an ACK is (without a
     disk flush unless ``SMQP_ACK_DURABILITY=full``): a lock lost with the machine only
     lets the message be sent again."""
-    now = timezone.now()
-    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
-        won = stored.lock_delivery(account_id, session_guid, smuid, now,
-                                   now + timedelta(seconds=retry_timeout), max_retries)()
-    return bool(won)
+    [took], _, _ = settle([LockTake(account_id, session_guid, smuid, retry_timeout,
+                                    max_retries)], [])
+    return took
 
 
 def lock_many(account_id: int, holder: str, smuids: list[int], retry_timeout: int,
@@ -105,22 +126,70 @@ def ack_locked_many(account_id: int, held: dict[str, list[int]], wanting: set[in
         account = snapshot_for_id(account_id).account.username
     except Account.DoesNotExist:  # deleted: its deliveries went with it
         return set(), []
-    consumed: set[tuple[str, int]] = set()
-    receipts: list[Published] = []
     with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
-        sent = [(holder, stored.consume_locks(account_id, holder, smuids, now))
-                for holder, smuids in held.items() if smuids]
-        for holder, rows in sent:
-            consumed.update((holder, int(smuid)) for smuid, in rows())
-        if consumed:
-            done = sorted({smuid for _, smuid in consumed})
-            stored.finish_messages(done, now)
-            stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "",
-                                {"door": door}) for smuid in done], now)
-            asked = [smuid for smuid in done if smuid in wanting]
-            if asked:
-                receipts = send_receipts(asked, now)
+        return _consume(account_id, account, held, wanting, door, now)
+
+
+def _consume(account_id: int, account: str, held: dict[str, list[int]], wanting: set[int],
+             door: str, now: datetime) -> tuple[set[tuple[str, int]], list[Published]]:
+    """The heart of :func:`ack_locked_many`, inside the caller's transaction."""
+    sent = [(holder, stored.consume_locks(account_id, holder, smuids, now))
+            for holder, smuids in held.items() if smuids]
+    consumed: set[tuple[str, int]] = set()
+    for holder, rows in sent:
+        consumed.update((holder, int(smuid)) for smuid, in rows())
+    receipts: list[Published] = []
+    if consumed:
+        done = sorted({smuid for _, smuid in consumed})
+        stored.finish_messages(done, now)
+        stored.log_events([(UsageEvent.Kind.ACK.value, account, "", smuid, 0, "",
+                            {"door": door}) for smuid in done], now)
+        asked = [smuid for smuid in done if smuid in wanting]
+        if asked:
+            receipts = send_receipts(asked, now)
     return consumed, receipts
+
+
+def settle(takes: list[LockTake], acks: list[LockAck]
+           ) -> tuple[list[bool], list[bool], list[Published]]:
+    """Many sessions' :func:`lock` and :func:`ack_locked` in one transaction: the queue-mode
+    group commit of a listener. Each is decided on its own row's conditions, as by its
+    single form, so a batch changes no outcome, only the number of commits. The ACKs go
+    first: an item consumed in the batch is not locked again by it. Returns, in order,
+    whether each take won its lock and whether each ACK consumed its message (else it is
+    the 409 "lock not held"), and the receipts to announce."""
+    now = timezone.now()
+    names: dict[int, str | None] = {}
+    groups: dict[tuple[int, str], dict[str, list[int]]] = {}
+    for ack in acks:
+        if ack.account_id not in names:
+            try:
+                names[ack.account_id] = snapshot_for_id(ack.account_id).account.username
+            except Account.DoesNotExist:  # deleted: its deliveries went with it
+                names[ack.account_id] = None
+        if names[ack.account_id] is not None:
+            groups.setdefault((ack.account_id, ack.door), {}).setdefault(
+                ack.holder, []).append(ack.smuid)
+    wanting = {ack.smuid for ack in acks if ack.receipt}
+    receipts: list[Published] = []
+    consumed: set[tuple[int, str, int]] = set()
+    with hot_transaction(relaxed=settings.SMQP_ACK_DURABILITY != "full"):
+        for (account_id, door), held in groups.items():
+            got, sent = _consume(account_id, names[account_id] or "", held, wanting, door,
+                                 now)
+            consumed.update((account_id, holder, smuid) for holder, smuid in got)
+            receipts += sent
+        # Every statement is sent before any result is read: one round trip on PostgreSQL.
+        locking = [stored.lock_delivery(t.account_id, t.holder, t.smuid, now,
+                                        now + timedelta(seconds=t.retry_timeout),
+                                        t.max_retries) for t in takes]
+        took = [bool(rows()) for rows in locking]
+    acked = []
+    for ack in acks:  # an ACK given twice in one batch consumes once
+        key = (ack.account_id, ack.holder, ack.smuid)
+        acked.append(key in consumed)
+        consumed.discard(key)
+    return took, acked, receipts
 
 
 def ack_locked(account_id: int, session_guid: str, smuid: int,

@@ -32,7 +32,7 @@ class Store:
         results: list = []
         for i, request in enumerate(requests):
             if request.topic == "/refused":
-                results.append(ServiceError(403, "Forbidden"))
+                results.append(ServiceError(401, "Unauthorized"))
             else:
                 message = request.message
                 results.append(Published(100 + i, 7, request.topic, 2, [42],
@@ -95,7 +95,7 @@ async def test_publishes_are_answered_once_committed_and_reported(commits):
     assert published.smuid == 100 and published.payload[1] == "c1"
     with pytest.raises(ServiceError) as refusal:
         await asyncio.wait_for(refused, 5)
-    assert refusal.value.code == 403  # that publish alone fails
+    assert refusal.value.code == 401  # that publish alone fails
     assert group.queued == (0, 0)
     # The dispatcher hears of what was committed, and keeps its payload for NOTIFY.
     assert heard.woken == [[100]] and heard.remembered == [100]
