@@ -20,6 +20,7 @@ from channels.exceptions import StopConsumer
 from channels.layers import get_channel_layer
 
 from broker.delivery.session import SubscriberSession
+from broker.services import notify
 
 
 class DoorConsumer(AsyncConsumer):
@@ -79,9 +80,24 @@ class DoorConsumer(AsyncConsumer):
         await handler(message)
 
     async def end_session(self) -> None:
-        """The transport ended: end the session (idempotent; called from every end)."""
-        if self.delivery is not None:
-            await self.delivery.close()
+        """The transport ended (by whatever path): the session ends and its locks go back;
+        once (called from every end). A door sets ``_ended = False`` once connected."""
+        if getattr(self, "_ended", True):  # not connected, or ended already
+            return
+        self._ended = True
+        self.closing = True
+        self.stop_door()
+        await self.delivery.close()
+        if getattr(self, "account", None) is not None and self.channel_layer is not None:
+            try:
+                await self.channel_layer.group_discard(notify.account_group(self.account_id),
+                                                       self.channel_name)
+            except Exception:  # the group expires in Redis; the session ends all the same
+                self.logger.warning("leaving the account group failed for %s", self.peer,
+                                    exc_info=True)
+
+    def stop_door(self) -> None:
+        """The door's own timers and tasks stop (the session is ending)."""
 
     # ------------------------------------------------------------------ the error funnel
 

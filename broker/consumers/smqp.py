@@ -171,12 +171,7 @@ class SMQPConsumer(DoorConsumer):
         await self.end_session()
         raise StopConsumer()
 
-    async def end_session(self) -> None:
-        """The connection ended (by whatever path): the session ends, its locks go back."""
-        if getattr(self, "_ended", True):  # not connected, or ended already
-            return
-        self._ended = True
-        self.closing = True
+    def stop_door(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
         self._close_notify_channel()
@@ -185,14 +180,6 @@ class SMQPConsumer(DoorConsumer):
         for future, _ in self._outstanding:
             # The peer is gone; the publish itself still completes (and is kept).
             future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
-        await self.delivery.close()
-        if self.account is not None and self.channel_layer is not None:
-            try:
-                await self.channel_layer.group_discard(
-                    notify.account_group(self.account.pk), self.channel_name)
-            except Exception:  # the group expires in Redis
-                logger.warning("leaving the account group failed for %s", self.peer,
-                               exc_info=True)
 
     # ------------------------------------------------------------------------------ plumbing
 

@@ -152,21 +152,8 @@ class XMPPConsumer(DoorConsumer):
         await self.end_session()
         raise StopConsumer()
 
-    async def end_session(self) -> None:
-        """The transport ended: the session ends, its locks go back, once."""
-        if getattr(self, "_ended", True):  # not connected, or ended already
-            return
-        self._ended = True
-        self.closing = True
+    def stop_door(self) -> None:
         self._login_timer.cancel()
-        await self.delivery.close()
-        if self.account is not None and self.channel_layer is not None:
-            try:
-                await self.channel_layer.group_discard(notify.account_group(self.account_id),
-                                                       self.channel_name)
-            except Exception:  # the group expires in Redis; the session must still end
-                logger.warning("leaving the account group failed for %s", self.peer,
-                               exc_info=True)
 
     async def _write(self, text: str) -> bool:
         """Hand a frame to the transport (or hold it for this stanza's flush); False when
