@@ -8,7 +8,8 @@ and reads go through the same :mod:`broker.services` and dispatcher as SMQP's, s
 published at either door reaches subscribers at both, and queue workers at both compete for
 the same items.
 
-Delivery: the session keeps a :class:`~broker.delivery.Mailbox` like an SMQP session. On a
+Delivery: a :class:`~broker.delivery.session.SubscriberSession` like an SMQP session's, this
+door writing what it sends (``write_message``) and giving its credit per queue node. On a
 fan-out node a message counts as delivered once written (it is ACKed at once). On a queue
 node each item is locked to this session before it goes (SMQP-PROFILE §9.6) and stays
 locked until the client retracts (consumes) or unlocks it, its lock times out, the client
