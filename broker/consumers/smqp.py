@@ -252,7 +252,7 @@ class SMQPConsumer(DoorConsumer):
             self.reply(exc.code, exc.text)
         except Exception:
             # Never a traceback on the wire; the session stays usable.
-            logger.exception("command %s failed for %s", type(command).__name__, self.peer)
+            self.failed(f"command {type(command).__name__}")
             self.reply(500, "Server error (nothing was committed)")
 
     # ------------------------------------------------------------------------------ timeouts
@@ -634,7 +634,7 @@ class SMQPConsumer(DoorConsumer):
             except ProtocolError as exc:
                 self.reply(exc.code, exc.text)
             except Exception:
-                logger.exception("publish failed for %s", self.peer)
+                self.failed("publish")
                 self.reply(500, "Server error (nothing was committed)")
             else:
                 self.reply(200, "OK", f"{cmuid} {published.smuid}")

@@ -145,7 +145,7 @@ class XMPPConsumer(DoorConsumer):
             await self._frame(frame)
         except Exception:
             # Never a traceback on the wire and never a dead process: this stream ends.
-            logger.exception("XMPP frame failed for %s", self.peer)
+            self.failed("XMPP frame")
             await self._stream_error("internal-server-error")
 
     async def websocket_disconnect(self, event: dict) -> None:
@@ -395,7 +395,7 @@ class XMPPConsumer(DoorConsumer):
                 fault.extra = s.queue_options_required(iq.command.node, iq.command.jid)
             await self._write(s.iq_error(iq.id, sender, self.jid, fault))
         except Exception:
-            logger.exception("IQ %s failed for %s", type(iq.command).__name__, self.peer)
+            self.failed(f"IQ {type(iq.command).__name__}")
             await self._write(s.iq_error(iq.id, sender, self.jid,
                                          s.IqFault("internal-server-error")))
         else:
@@ -576,7 +576,7 @@ class XMPPConsumer(DoorConsumer):
             await self._write(s.iq_error(iq.id, sender, self.jid, _fault(exc)))
             return
         except Exception:
-            logger.exception("publish failed for %s", self.peer)
+            self.failed("publish")
             await self._write(s.iq_error(iq.id, sender, self.jid,
                                          s.IqFault("internal-server-error")))
             return
@@ -588,7 +588,7 @@ class XMPPConsumer(DoorConsumer):
                 await self._as_account(pubsub_service.replace_older, published.topic_path,
                                        cmd.item_id, published.smuid)
             except Exception:  # the new item is stored; the older one stays
-                logger.exception("replacing item %s failed", cmd.item_id)
+                self.failed(f"replacing item {cmd.item_id}")
         await self._write(s.iq_result(iq.id, sender, self.jid,
                                       s.publish_result(cmd.node, item_id)))
 

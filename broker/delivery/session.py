@@ -23,7 +23,6 @@ calls it from every end of its transport: the session's locks go back with it.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
@@ -38,8 +37,6 @@ from broker.services.read import DeliveryPolicy
 from broker.store import dbthread
 
 from .mailbox import GIVE_UP, LOCK_ENDED, NEED_PAGE, RETRY, Mailbox
-
-logger = logging.getLogger("broker.delivery")
 
 #: What the dispatcher loads for a message: (topic path, Cmuid header, codec message).
 Payload = tuple[str, str, Any]
@@ -82,6 +79,11 @@ class Door(Protocol):
     async def locks_expired(self, held: list[Held]) -> None:
         """These held items' locks reached their deadline and were released (tell the
         client)."""
+        ...
+
+    def failed(self, what: str, exc: BaseException | None = None) -> None:
+        """Log a failure that ends nothing but itself (the door's one error funnel; ``exc``:
+        the failure, else the one being handled)."""
         ...
 
 
@@ -152,7 +154,7 @@ class SubscriberSession:
         try:
             await self._pump()
         except Exception:
-            logger.exception("next message failed for %s", self.door.peer)
+            self.door.failed("next message")
 
     def _spawn(self, coro: Coroutine, what: str) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -163,7 +165,7 @@ class SubscriberSession:
     def _task_done(self, task: asyncio.Task, what: str) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            logger.error("%s failed for %s", what, self.door.peer, exc_info=task.exception())
+            self.door.failed(what, task.exception())
 
     # ------------------------------------------------------------------ the pump
 
@@ -434,7 +436,7 @@ class SubscriberSession:
         try:
             await self.dispatcher.release(self.account_id, self.session.guid, smuids)
         except Exception:
-            logger.exception("releasing locks failed for %s", self.door.peer)
+            self.door.failed("releasing locks")
 
     async def release_all(self) -> None:
         """Every held item goes back (XEP-0254 §3: the client became unavailable)."""
@@ -495,7 +497,7 @@ class SubscriberSession:
             try:
                 await self.dispatcher.release(self.account_id, login.guid)
             except Exception:  # the lock sweep ends them
-                logger.exception("releasing the locks of %s failed", login.guid)
+                self.door.failed(f"releasing the locks of session {login.guid}")
         await _end_login(login)
 
 

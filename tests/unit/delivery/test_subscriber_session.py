@@ -93,6 +93,7 @@ class FakeDoor:
         self.sendable = True
         self.failing = False
         self.expired: list[Held] = []
+        self.failures: list[str] = []
         self.wrote = asyncio.Event()
 
     def may_send(self) -> bool:
@@ -110,6 +111,9 @@ class FakeDoor:
 
     async def locks_expired(self, held: list[Held]) -> None:
         self.expired.extend(held)
+
+    def failed(self, what: str, exc: BaseException | None = None) -> None:
+        self.failures.append(what)
 
     def writes(self) -> list[int]:
         return [entry[1] for entry in self.log if entry[0] == "write"]
@@ -392,3 +396,24 @@ async def test_unavailable_releases_every_held_item(ended):
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.001)
+
+
+async def test_a_failing_pump_goes_to_the_door_s_error_funnel(ended):
+    """A load that fails (the store away) ends that pass only: the door logs it, and the
+    message is not left half taken (offered again, it goes)."""
+    session, dispatcher, door = make()
+    loaded = dispatcher.load
+
+    async def broken(smuid: int):
+        raise OSError("store away")
+
+    dispatcher.load = broken
+    offer(session, 1)
+    await settle()
+    assert door.failures == ["delivery"] and door.writes() == []
+    assert session.mailbox.preparing is None
+    dispatcher.load = loaded
+    offer(session, 1)
+    await settle()
+    assert door.writes() == [1]
+    await session.close()
