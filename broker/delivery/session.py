@@ -281,11 +281,11 @@ class SubscriberSession:
         if not await self.door.write_message(smuid, payload):
             return  # not written: the stream is ending, and the message stays unACKed
         self._count_out()
-        # Profile §3: delivered once written (a frame the door holds for its flush: once
-        # the flush wrote it, flush_acks()).
+        # Profile §3: delivered once written (a frame the door held for its flush: once
+        # the flush wrote it, flush_acks(); if that flush is over already, now).
         request = ack_service.AckRequest(self.account_id, smuid, mailbox.attempts,
                                          ack_service.may_want_receipt(message), self.door_name)
-        if deferred is not None:
+        if deferred is not None and deferred is self._deferred_acks:
             deferred.append(request)
         else:
             await self.dispatcher.ack(request, self.handle)

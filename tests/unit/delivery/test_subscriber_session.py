@@ -417,3 +417,28 @@ async def test_a_failing_pump_goes_to_the_door_s_error_funnel(ended):
     await settle()
     assert door.writes() == [1]
     await session.close()
+
+
+async def test_a_write_that_outlasts_the_door_s_flush_is_acked_itself(ended):
+    """A frame written while the door's flush was under way (deferral on when the write
+    began, over when it ended): the flush's ACKs are done, so it is ACKed at once, not
+    left in a list nobody reads."""
+    session, dispatcher, door = make(acks_on_write=True)
+    writing = asyncio.Event()
+    finish = asyncio.Event()
+    written = door.write_message
+
+    async def slow_write(smuid, payload):
+        writing.set()
+        await finish.wait()
+        return await written(smuid, payload)
+
+    door.write_message = slow_write
+    session.defer_acks()
+    offer(session, 1)
+    await asyncio.wait_for(writing.wait(), 5)
+    await session.flush_acks(written=True)  # the door's flush ends meanwhile
+    finish.set()
+    await settle()
+    assert dispatcher.of("ack") == [("ack", 1)]
+    await session.close()
