@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import logging
 import math
 import re
@@ -17,26 +16,17 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
 from accounts.models import Account, LoginSession
-from broker.delivery import (
-    GIVE_UP,
-    LOCK_ENDED,
-    NEED_PAGE,
-    RETRY,
-    Dispatcher,
-    Mailbox,
-    get_dispatcher,
-)
+from broker.consumers.base import DoorConsumer
+from broker.delivery import get_dispatcher
+from broker.delivery.session import Payload, SubscriberSession
 from broker.domain.login import State as LoginState
-from broker.services import ServiceError, conflict, freshness, notify, publish, read
+from broker.services import ServiceError, freshness, notify, publish, read
 from broker.services import accounts as account_service
-from broker.services import ack as ack_service
 from broker.services import auth as auth_service
 from broker.services import removal as removal_service
 from broker.services import subscriptions as subscription_service
@@ -105,55 +95,14 @@ def _handler_name(command_class: type) -> str:
     return "cmd_" + re.sub(r"(?<!^)(?=[A-Z])", "_", command_class.__name__).lower()
 
 
-class SMQPConsumer(AsyncConsumer):
-    """One SMQP session."""
+class SMQPConsumer(DoorConsumer):
+    """One SMQP session. Its delivery (mailbox, pump, retries, queue-mode locks) is a
+    :class:`~broker.delivery.session.SubscriberSession`; this class writes what it sends
+    (NOTIFY MESSAGE) and reads the client's ``310 ACK``."""
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        """Channels' ``AsyncConsumer.__call__``, but the connection's events are awaited
-        directly: ``await_many_dispatch`` makes a task and an ``asyncio.wait`` for every
-        event (a subscriber's every 310 ACK, a publisher's every PUB). The channel layer's
-        events (NOTIFY TOPIC / SUB) come from a task of their own; a lock keeps the handlers
-        one at a time, as there."""
-        self.scope = scope
-        self.channel_layer = get_channel_layer(self.channel_layer_alias)
-        self.base_send = send
-        turn = asyncio.Lock()
-        layer_events: asyncio.Task | None = None
-        if self.channel_layer is not None:
-            self.channel_name = await self.channel_layer.new_channel()
-            self.channel_receive = functools.partial(self.channel_layer.receive,
-                                                     self.channel_name)
-            layer_events = asyncio.ensure_future(self._layer_events(turn))
-        try:
-            while True:
-                event = await receive()
-                async with turn:
-                    await self.dispatch(event)
-        except StopConsumer:
-            pass
-        finally:
-            if layer_events is not None:
-                layer_events.cancel()
-
-    async def _layer_events(self, turn: asyncio.Lock) -> None:
-        while True:
-            event = await self.channel_receive()
-            async with turn:
-                try:
-                    await self.dispatch(event)
-                except Exception:  # the session goes on: only this notification is lost
-                    logger.exception("channel layer event %s failed for %s",
-                                     event.get("type"), getattr(self, "peer", "?"))
-
-    async def dispatch(self, message: dict) -> None:
-        """Call the event's handler. Channels' own ``dispatch`` first hops to the database
-        thread to close stale connections, on every event; here every database call
-        (:mod:`broker.store.dbthread`) does that itself, so that hop only made each incoming
-        line (a subscriber's 310 ACK, say) wait behind whatever commit was running."""
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"no handler for message type {message['type']}")
-        await handler(message)
+    logger = logger
+    # The client ACKs each message (310 ACK); no ACK by the retry timeout: sent again.
+    acks_on_write = False
 
     # ------------------------------------------------------------------ connection lifecycle
 
@@ -165,7 +114,6 @@ class SMQPConsumer(AsyncConsumer):
         self.peer_host: str = client[0]
         self.peer = f"{client[0]}:{client[1]}"
         self.account: Account | None = None
-        self.session: LoginSession | None = None
         tls = self.scope.get("tls")
         self.login = LoginFlow(
             AuthChecks(self.peer_host, tls["server_cert"] if tls else None),
@@ -173,18 +121,10 @@ class SMQPConsumer(AsyncConsumer):
             clear_allowed=auth_service.clear_allowed(tls is not None, self.peer_host))
         self.suspended = False
         self._held: list[bytes] = []
-        # Delivery: what waits, is in flight, is retried lives in the mailbox; this door
-        # writes it (the pump), and keeps the retry timer the mailbox's deadlines set.
-        self.account_id = 0
-        self.dispatcher: Dispatcher | None = None
-        self.mailbox = Mailbox(settings.SMQP_BACKLOG_PAGE)
-        self._retry: asyncio.TimerHandle | None = None
-        # Queue mode: set once the session asked for a lock (its locks end with it), and the
-        # task releasing a lock whose deadline passed.
-        self._took_locks = False
-        self._unlocking: asyncio.Task | None = None
-        self._pump_task: asyncio.Task | None = None
-        self._pumping = False  # _pump() runs (in its task, or inline after a 310 ACK)
+        self.closing = False
+        # Delivery: the session's mailbox, pump, retries and locks; this door writes what it
+        # sends. The login registers this consumer with the dispatcher (it forwards).
+        self.delivery = SubscriberSession(self, settings.SMQP_BACKLOG_PAGE, handle=self)
         # Publishes handed to the dispatcher whose replies are still to be written, in order,
         # and the task writing them (the session reads on meanwhile).
         self._outstanding: deque[tuple[asyncio.Future, str]] = deque()
@@ -192,12 +132,12 @@ class SMQPConsumer(AsyncConsumer):
         # SET NOTIFY PORT: the connection notifications go to instead of this one.
         self._notify_writer: asyncio.StreamWriter | None = None
         self._notify_task: asyncio.Task | None = None
-        self.closing = False
         self._out = bytearray()
         # Held while a reply is written in parts (GET MESSAGE), or is not queued yet while
         # the pump may already run (the login's): no notification before it ends.
         self._long_reply = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
+        self._ended = False
         self._last_activity = self._loop.time()
         self._watchdog: asyncio.TimerHandle | None = None
         self._arm_watchdog(settings.SMQP_LOGIN_TIMEOUT)
@@ -251,38 +191,18 @@ class SMQPConsumer(AsyncConsumer):
         await self._notify(data)
 
     async def smqp_disconnect(self, event: dict) -> None:
+        await self.end_session()
+        raise StopConsumer()
+
+    def stop_door(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._retry is not None:
-            self._retry.cancel()
-        if self.dispatcher is not None:
-            self.dispatcher.unregister(self)
-        if self._pump_task is not None:
-            self._pump_task.cancel()
         self._close_notify_channel()
         if self._settler is not None:
             self._settler.cancel()
         for future, _ in self._outstanding:
             # The peer is gone; the publish itself still completes (and is kept).
             future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
-        if self.account is not None and self.channel_layer is not None:
-            await self.channel_layer.group_discard(
-                notify.account_group(self.account.pk), self.channel_name)
-        if self.session is not None:
-            session, self.session = self.session, None
-            if self._took_locks:
-                await self._release_locks(session.guid)
-            await dbthread.run(auth_service.end_session, session)
-        raise StopConsumer()
-
-    async def _release_locks(self, guid: str) -> None:
-        """The session ends: its queue-mode locks end now, and their messages go to the next
-        subscriber. Best effort: the deadline sweep ends what this misses (a killed
-        process)."""
-        try:
-            await self.dispatcher.release(self.account_id, guid)
-        except Exception:
-            logger.exception("releasing the locks of %s failed", guid)
 
     # ------------------------------------------------------------------------------ plumbing
 
@@ -334,8 +254,7 @@ class SMQPConsumer(AsyncConsumer):
         elif self._outstanding and (self._settler is None or self._settler.done()):
             # Their replies go once committed; the next publishes are read meanwhile, so a
             # publisher's stream is not one commit per message.
-            self._settler = asyncio.ensure_future(self._settle_and_flush())
-            self._settler.add_done_callback(_log_failure)
+            self._settler = self.spawn(self._settle_and_flush(), "writing publish replies")
         await self.flush(close=self.closing)
 
     async def _dispatch(self, command: Any) -> None:
@@ -358,7 +277,7 @@ class SMQPConsumer(AsyncConsumer):
             self.reply(exc.code, exc.text)
         except Exception:
             # Never a traceback on the wire; the session stays usable.
-            logger.exception("command %s failed for %s", type(command).__name__, self.peer)
+            self.failed(f"command {type(command).__name__}")
             self.reply(500, "Server error (nothing was committed)")
 
     # ------------------------------------------------------------------------------ timeouts
@@ -660,7 +579,7 @@ class SMQPConsumer(AsyncConsumer):
             except ProtocolError as exc:
                 self.reply(exc.code, exc.text)
             except Exception:
-                logger.exception("publish failed for %s", self.peer)
+                self.failed("publish")
                 self.reply(500, "Server error (nothing was committed)")
             else:
                 self.reply(200, "OK", f"{cmuid} {published.smuid}")
@@ -701,129 +620,25 @@ class SMQPConsumer(AsyncConsumer):
     # ------------------------------------------------------------------------ delivery
 
     async def _read_backlog(self) -> None:
-        """Offer what the store holds for the account, a page at a time (in order)."""
-        await self.dispatcher.caught_up()  # what was ACKed until now is in the store
-        rows, full = await self.dispatcher.backlog([self.account_id])
-        if self.mailbox.page(rows, full):
-            self.kick()
+        await self.delivery.read_backlog()
 
-    @property
-    def idle(self) -> bool:
-        """Nothing to send and not closing (the dispatcher's backlog sweep asks)."""
-        return self.mailbox.idle and not self.closing
+    def may_send(self) -> bool:
+        return not self.suspended
 
-    @property
-    def _pump_busy(self) -> bool:
-        return self._pumping or (self._pump_task is not None and not self._pump_task.done())
+    def queue_credit(self, topic: str) -> int | None:
+        return None  # one message in flight at a time is the limit
 
-    def kick(self) -> None:
-        """Start the pump if the mailbox has something to send (the dispatcher calls this
-        when an offer was queued)."""
-        if (self.mailbox.ready and not self.suspended and not self.closing
-                and not self._pump_busy):
-            self._pump_task = asyncio.ensure_future(self._pump())
-
-    async def _pump(self) -> None:
-        """Send the next waiting message, unless one is in flight (one pump at a time)."""
-        if self._pumping:
-            return
-        self._pumping = True
-        try:
-            await self._pump_next()
-        finally:
-            self._pumping = False
-
-    async def _pump_next(self) -> None:
-        mailbox, dispatcher = self.mailbox, self.dispatcher
-        mailbox.begin_pass()
-        while mailbox.inflight is None and not self.suspended and not self.closing:
-            smuid = mailbox.take_next()
-            if smuid is None:
-                break
-            if smuid is NEED_PAGE:
-                await self._read_backlog()
-                continue
-            try:
-                payload = await dispatcher.load(smuid)
-                if payload is None or not await dispatcher.deliverable(
-                        self.account_id, smuid, payload[0]):
-                    mailbox.done_preparing()
-                    continue
-                policy = await dispatcher.retry_policy(payload[0])
-                if policy.queue and not await self._lock(smuid, policy):
-                    mailbox.done_preparing()
-                    continue
-            except BaseException:
-                mailbox.done_preparing()
-                raise
-            mailbox.send(smuid, payload, locked=policy.queue)
-            await self._send_notify(policy)
-
-    async def _lock(self, smuid: int, policy: read.DeliveryPolicy) -> bool:
-        """Queue mode: lock the message to this session before its NOTIFY (profile §9.6);
-        False when it is not this session's to send."""
-        if self.session is None:  # ended meanwhile
-            return False
-        self._took_locks = True
-        if not await self.dispatcher.lock(self.account_id, self.session.guid, smuid, policy):
-            return False
-        self.mailbox.lock(smuid, self._loop.time() + policy.retry_timeout)
-        return True
-
-    async def _send_notify(self, policy: read.DeliveryPolicy | None = None) -> None:
-        attempt = self.mailbox.attempt()
-        if attempt is None:  # ACKed since this (re)send was decided
-            return
-        smuid, (topic, cmuid, msg) = attempt
-        await self._notify(
+    async def write_message(self, smuid: int, payload: Payload) -> bool:
+        topic, cmuid, msg = payload
+        return await self._notify(
             serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg))
-        self.dispatcher.metrics.count("deliver")
-        self.dispatcher.metrics.session(self.session.guid if self.session else None, "out")
-        if policy is None:
-            policy = await self.dispatcher.retry_policy(topic)
-        deadline = self.mailbox.sent(smuid, self._loop.time(), policy.retry_timeout,
-                                     policy.max_retries)
-        if deadline is not None:
-            if self._retry is not None:
-                self._retry.cancel()
-            self._retry = self._loop.call_at(deadline, self._retry_due, smuid)
 
-    def _retry_due(self, smuid: int) -> None:
-        """No 310 ACK by the retry deadline: send again, or give up; in queue mode the lock
-        ends instead."""
-        if self.closing:
-            return
-        verdict = self.mailbox.retry_due(smuid)
-        if verdict is GIVE_UP:
-            self._pump_task = asyncio.ensure_future(self._give_up(smuid))
-        elif verdict is RETRY:
-            self._pump_task = asyncio.ensure_future(self._send_notify())
-        elif verdict is LOCK_ENDED:
-            self._unlocking = asyncio.ensure_future(self._lock_ended(smuid))
-
-    async def _lock_ended(self, smuid: int) -> None:
-        """Queue mode: the lock of the message in flight reached its deadline without a
-        310 ACK. It ends (the message goes to the next subscriber), and nothing more is sent
-        here until the client answers it: that answer is refused (409)."""
-        if self.mailbox.unlock(smuid):
-            await self._release_lock(smuid)
-
-    async def _release_lock(self, smuid: int) -> None:
-        if self.session is None:  # the session ended: every lock was released with it
-            return
-        try:
-            await self.dispatcher.release(self.account_id, self.session.guid, [smuid])
-        except Exception:  # the deadline sweep ends it
-            logger.exception("releasing the lock on %s failed for %s", smuid, self.peer)
-
-    async def _give_up(self, smuid: int) -> None:
-        await self.dispatcher.dead(self.account_id, smuid)
-        self.mailbox.gave_up(smuid)
-        await self._pump()
+    async def locks_expired(self, held: list) -> None:
+        pass  # (locks here end with the message in flight: the client's answer is refused)
 
     async def cmd_ack(self, cmd: c.Ack) -> None:
         try:
-            recorded = await self._record_ack()
+            recorded = await self.delivery.ack_inflight()
         except ServiceError as exc:
             if exc.code != 409:
                 raise
@@ -834,62 +649,11 @@ class SMQPConsumer(AsyncConsumer):
                 self.reply(400, "Bad request (no message is waiting for 310 ACK)")
                 return
             self.reply(310, "ACK")
-        if not self._pump_busy:
-            # The next NOTIFY leaves in the same write as this 310 ACK (one packet, one
-            # wake-up of the client instead of two), sent from here rather than from a task
-            # of its own (two event-loop steps less per message).
-            try:
-                await self._pump()
-            except Exception:  # the ACK is recorded: its 310 ACK still goes out
-                logger.exception("next notification failed for %s", self.peer)
+        # The next NOTIFY leaves in the same write as this 310 ACK (one packet, one wake-up
+        # of the client instead of two), sent from here rather than from a task of its own
+        # (two event-loop steps less per message).
+        await self.delivery.pump_here()
         await self.flush()
-
-    async def _record_ack(self) -> bool:
-        """The client's 310 ACK for the message in flight: recorded (group commit) before the
-        server's own 310 ACK goes out. False when nothing was waiting for one."""
-        mailbox = self.mailbox
-        smuid = mailbox.inflight
-        if smuid is None:
-            return False
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        if mailbox.inflight_locked:
-            await self._ack_locked(smuid)
-            return True
-        payload = mailbox.inflight_payload
-        receipt = payload is None or ack_service.may_want_receipt(payload[2])
-        await self.dispatcher.ack(ack_service.AckRequest(self.account_id, smuid,
-                                                         mailbox.attempts, receipt), self)
-        mailbox.acked(smuid)
-        return True
-
-    async def _ack_locked(self, smuid: int) -> None:
-        """Queue mode: the client's 310 ACK of the message in flight consumes it only while
-        this session holds its lock, as the store decides (another process may have ended
-        it); otherwise ServiceError 409, and nothing is consumed. Either way the lock ends
-        here and nothing is in flight afterwards (unless the store could not be asked)."""
-        mailbox = self.mailbox
-        refusal: ServiceError | None = None
-        if not mailbox.unlock(smuid):  # its deadline passed here: released already
-            refusal = conflict("lock not held")
-        else:
-            payload = mailbox.inflight_payload
-            receipt = payload is None or ack_service.may_want_receipt(payload[2])
-            try:
-                await self.dispatcher.ack_locked(
-                    ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt),
-                    self.session.guid if self.session else "", self)
-            except ServiceError as exc:
-                if exc.code != 409:
-                    raise
-                refusal = exc
-                # Its deadline passed in the store before here (or a sweep ended it): the
-                # lock ends now rather than at the next sweep.
-                await self._release_lock(smuid)
-        mailbox.acked(smuid)
-        if refusal is not None:
-            raise refusal
 
     # ------------------------------------------------------------------ SET NOTIFY PORT
 
@@ -922,7 +686,7 @@ class SMQPConsumer(AsyncConsumer):
                     break
                 if text == b"310 ACK":
                     try:
-                        recorded = await self._record_ack()
+                        recorded = await self.delivery.ack_inflight()
                     except ServiceError as exc:
                         writer.write(f"{exc.code} {exc.text}\r\n".encode())
                         if exc.code == 409:  # queue mode, the lock lost: the next one goes
@@ -954,9 +718,10 @@ class SMQPConsumer(AsyncConsumer):
             self._notify_task.cancel()
             self._notify_task = None
 
-    async def _notify(self, data: bytes, *, activity: bool = True) -> None:
-        """Write a notification: to the SET NOTIFY PORT connection when there is one.
-        ``activity``: it restarts the idle clock (not a notice of that clock running out)."""
+    async def _notify(self, data: bytes, *, activity: bool = True) -> bool:
+        """Write a notification: to the SET NOTIFY PORT connection when there is one; False
+        when that connection is gone. ``activity``: it restarts the idle clock (not a notice
+        of that clock running out)."""
         writer = self._notify_writer
         if writer is None:
             while self._long_reply.locked():
@@ -969,18 +734,19 @@ class SMQPConsumer(AsyncConsumer):
                 await self._write(data)
             else:
                 await self.send({"type": "smqp.send", "bytes": data, "close": False})
-            return
+            return True
         if activity:
             self._last_activity = self._loop.time()
         if writer.is_closing():  # gone: the retry timer sends the notification again
             self._close_notify_channel()
-            return
+            return False
         try:
             writer.write(data)
             await writer.drain()
         except (ConnectionError, OSError):
             self._close_notify_channel()
-
+            return False
+        return True
 
 _watchers: tuple[float, asyncio.Future] | None = None
 
@@ -999,7 +765,3 @@ async def _server_timeout_watchers() -> set[int]:
         logger.warning("SUB SERVER TIMEOUT subscribers unreadable", exc_info=True)
         return set()
 
-
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("writing publish replies failed", exc_info=task.exception())

@@ -8,7 +8,8 @@ and reads go through the same :mod:`broker.services` and dispatcher as SMQP's, s
 published at either door reaches subscribers at both, and queue workers at both compete for
 the same items.
 
-Delivery: the session keeps a :class:`~broker.delivery.Mailbox` like an SMQP session. On a
+Delivery: a :class:`~broker.delivery.session.SubscriberSession` like an SMQP session's, this
+door writing what it sends (``write_message``) and giving its credit per queue node. On a
 fan-out node a message counts as delivered once written (it is ACKed at once). On a queue
 node each item is locked to this session before it goes (SMQP-PROFILE §9.6) and stays
 locked until the client retracts (consumes) or unlocks it, its lock times out, the client
@@ -20,32 +21,28 @@ the lock stays in the mailbox's lock table).
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import logging
 import re
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from accounts.models import Account, LoginSession
-from broker.delivery import NEED_PAGE, Dispatcher, Mailbox, get_dispatcher
+from broker.consumers.base import DoorConsumer
+from broker.delivery import get_dispatcher
+from broker.delivery.session import Held, Payload, SubscriberSession
 from broker.domain.login import State as LoginState
 from broker.domain.values import TopicPattern
-from broker.services import ServiceError, freshness, notify, publish, read
-from broker.services import ack as ack_service
+from broker.services import ServiceError, freshness, notify, publish
 from broker.services import auth as auth_service
 from broker.services import pubsub as pubsub_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
-from broker.services.deliveries import NO_PRIORITY
 from broker.services.login import AuthChecks, Challenge, LoggedIn, LoginFlow, LoginRefused, Reason
 from broker.store import dbthread
 from broker.xmpp import payload as xpayload
@@ -85,59 +82,15 @@ def _fault(exc: ServiceError) -> s.IqFault:
                      text=refusal.xmpp_text.format(code=exc.code, text=exc.text))
 
 
-@dataclass(slots=True)
-class Held:
-    """An item locked to this session (queue node)."""
+class XMPPConsumer(DoorConsumer):
+    """One XMPP stream over one WebSocket. Its delivery (mailbox, pump, queue-node locks)
+    is a :class:`~broker.delivery.session.SubscriberSession`; this class writes item
+    events and reads retracts, unlocks and presence."""
 
-    node: str
-    item_id: str
-
-
-class XMPPConsumer(AsyncConsumer):
-    """One XMPP stream over one WebSocket."""
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        """As :class:`broker.consumers.smqp.SMQPConsumer`: the connection's events awaited
-        directly, the channel layer's in a task of their own, one handler at a time."""
-        self.scope = scope
-        self.channel_layer = get_channel_layer(self.channel_layer_alias)
-        self.base_send = send
-        self._turn = asyncio.Lock()
-        layer_events: asyncio.Task | None = None
-        if self.channel_layer is not None:
-            self.channel_name = await self.channel_layer.new_channel()
-            self.channel_receive = functools.partial(self.channel_layer.receive,
-                                                     self.channel_name)
-            layer_events = asyncio.ensure_future(self._layer_events())
-        try:
-            while True:
-                event = await receive()
-                async with self._turn:
-                    await self.dispatch(event)
-        except StopConsumer:
-            pass
-        finally:
-            if layer_events is not None:
-                layer_events.cancel()
-            # Whatever ended the loop (the disconnect, an exception, the server cancelling
-            # this instance), the session ends with it: never a live session without its
-            # transport. Shielded: a cancelled instance still releases its locks.
-            if getattr(self, "stream", None) is not None:
-                await asyncio.shield(self._end_session())
-
-    async def _layer_events(self) -> None:
-        while True:
-            event = await self.channel_receive()
-            async with self._turn:
-                try:
-                    await self.dispatch(event)
-                except Exception:
-                    logger.exception("channel layer event %s failed", event.get("type"))
-
-    async def dispatch(self, message: dict) -> None:
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is not None:
-            await handler(message)
+    logger = logger
+    # Profile §3: a fan-out item is delivered once written; a queue item stays locked
+    # until retracted or unlocked (XEP-0254).
+    acks_on_write = True
 
     # ------------------------------------------------------------------ connection
 
@@ -160,30 +113,20 @@ class XMPPConsumer(AsyncConsumer):
         self._held_frames: list[str] | None = None
         self._disconnected = False
         self._ended = False
-        self._acks_after_flush: list[ack_service.AckRequest] = []
         self.authenticated: Account | None = None
         self.account: Account | None = None
-        self.account_id = 0
-        self.session: LoginSession | None = None
         self.jid = ""
         self.login = LoginFlow(AuthChecks(self.peer_host), methods=mechanisms,
                                clear_allowed="PLAIN" in mechanisms)
-        self.dispatcher: Dispatcher | None = None
-        self.mailbox = Mailbox(settings.SMQP_BACKLOG_PAGE)
         self.available = True
-        self._pump_task: asyncio.Task | None = None
-        self._pumping = False
-        self._tasks: set[asyncio.Future] = set()
         self._outstanding = 0
-        # Queue nodes: queue_requests per node key, locks held, items put aside while their
-        # node is at its limit, and the items received lately.
+        self.delivery = SubscriberSession(self, settings.SMQP_BACKLOG_PAGE, door_name="xmpp",
+                                          turn=getattr(self, "_turn", None))
+        # Queue nodes: queue_requests per node key (the session's credit there), and the
+        # items received lately.
         self.queue_requests: dict[str, int] = {}
-        self.held: dict[int, Held] = {}
-        self.held_by_id: dict[tuple[str, str], int] = {}
-        self.parked: defaultdict[str, set[tuple[int, int]]] = defaultdict(set)
         self.received: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._loop = asyncio.get_running_loop()
-        self._lock_timer: asyncio.TimerHandle | None = None
         self._login_timer = self._loop.call_later(settings.SMQP_LOGIN_TIMEOUT,
                                                   self._login_timed_out)
         await self.send({"type": "websocket.accept", "subprotocol": SUBPROTOCOL})
@@ -198,46 +141,16 @@ class XMPPConsumer(AsyncConsumer):
             await self._frame(frame)
         except Exception:
             # Never a traceback on the wire and never a dead process: this stream ends.
-            logger.exception("XMPP frame failed for %s", self.peer)
+            self.failed("XMPP frame")
             await self._stream_error("internal-server-error")
 
     async def websocket_disconnect(self, event: dict) -> None:
         self._disconnected = True
-        await self._end_session()
+        await self.end_session()
         raise StopConsumer()
 
-    async def _end_session(self) -> None:
-        """The transport ended: the session ends, its locks go back, once."""
-        if self._ended:
-            return
-        self._ended = True
-        self.closing = True
+    def stop_door(self) -> None:
         self._login_timer.cancel()
-        if self._lock_timer is not None:
-            self._lock_timer.cancel()
-        if self.dispatcher is not None:
-            self.dispatcher.unregister(self)
-        if self._pump_task is not None:
-            self._pump_task.cancel()
-        if self.account is not None and self.channel_layer is not None:
-            try:
-                await self.channel_layer.group_discard(notify.account_group(self.account_id),
-                                                       self.channel_name)
-            except Exception:  # the group expires in Redis; the session must still end
-                logger.warning("leaving the account group failed for %s", self.peer,
-                               exc_info=True)
-        if self.session is not None:
-            session, self.session = self.session, None
-            if self.held or self._took_locks:
-                try:
-                    await self.dispatcher.release(self.account_id, session.guid)
-                except Exception:  # the lock sweep ends them
-                    logger.exception("releasing the locks of %s failed", session.guid)
-            await dbthread.run(auth_service.end_session, session)
-
-    def _count_out(self) -> None:
-        """One message sent to this session (the operators' sessions list)."""
-        self.dispatcher.metrics.session(self.session.guid if self.session else None, "out")
 
     async def _write(self, text: str) -> bool:
         """Hand a frame to the transport (or hold it for this stanza's flush); False when
@@ -271,12 +184,12 @@ class XMPPConsumer(AsyncConsumer):
         peer's delayed ACK (Nagle: Daphne's sockets have no TCP_NODELAY), 40 ms a time.
         Fan-out deliveries written meanwhile are ACKed once their frames went."""
         held, self._held_frames = self._held_frames, None
-        acks, self._acks_after_flush = self._acks_after_flush, []
+        written = True
         for text in held or ():
             if not await self._send_frame(text):
-                return
-        for request in acks:
-            await self.dispatcher.ack(request, self)
+                written = False
+                break
+        await self.delivery.flush_acks(written)
 
     async def _stream_error(self, condition: str, text: str = "") -> None:
         """End the stream: the stream error and ``<close/>``; the client closes the
@@ -294,7 +207,7 @@ class XMPPConsumer(AsyncConsumer):
 
     def _close_socket(self) -> None:
         if not self._disconnected:
-            self._spawn(self._close_transport())
+            self.spawn(self._close_transport(), "closing the WebSocket")
 
     async def _close_transport(self) -> None:
         try:
@@ -304,18 +217,8 @@ class XMPPConsumer(AsyncConsumer):
 
     def _login_timed_out(self) -> None:
         if self.session is None and not self.closing:
-            self._spawn(self._stream_error("connection-timeout", "no login in time"))
-
-    def _spawn(self, coro: Any) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("XMPP task failed for %s", self.peer, exc_info=task.exception())
+            self.spawn(self._stream_error("connection-timeout", "no login in time"),
+                       "login timeout")
 
     # ------------------------------------------------------------------ frames
 
@@ -342,6 +245,7 @@ class XMPPConsumer(AsyncConsumer):
             await self._auth_response(event.data)
         elif isinstance(event, xs.Stanza):
             self._held_frames = []
+            self.delivery.defer_acks()
             try:
                 await self._stanza(event)
             finally:
@@ -450,7 +354,7 @@ class XMPPConsumer(AsyncConsumer):
                 fault.extra = s.queue_options_required(iq.command.node, iq.command.jid)
             await self._write(s.iq_error(iq.id, sender, self.jid, fault))
         except Exception:
-            logger.exception("IQ %s failed for %s", type(iq.command).__name__, self.peer)
+            self.failed(f"IQ {type(iq.command).__name__}")
             await self._write(s.iq_error(iq.id, sender, self.jid,
                                          s.IqFault("internal-server-error")))
         else:
@@ -489,12 +393,11 @@ class XMPPConsumer(AsyncConsumer):
         if self.channel_layer is not None:
             await self.channel_layer.group_add(notify.account_group(account.pk),
                                                self.channel_name)
-        self.dispatcher = get_dispatcher()
-        self.dispatcher.register(self)
+        self.delivery.register(get_dispatcher())
         await self.dispatcher.joined()
         # The result goes before the backlog: the client knows its JID first.
         await self._write(s.iq_result(iq.id, iq.to, self.jid, s.bind_result(self.jid)))
-        await self._read_backlog()
+        await self.delivery.read_backlog()
         return None  # type: ignore[return-value]
 
     def _begin_session(self, account: Account) -> LoginSession:
@@ -581,10 +484,10 @@ class XMPPConsumer(AsyncConsumer):
             key = cmd.node.casefold()
             self.queue_requests[key] = requests
             options = [(pubsub_service.QUEUE_REQUESTS, "text-single", [str(requests)])]
-            self._unpark(key)
+            self.delivery.unpark(key)
         await self._write(s.iq_result(iq.id, iq.to, self.jid,
                                       s.subscription_result(cmd.node, cmd.jid, subid, options)))
-        await self._read_backlog()
+        await self.delivery.read_backlog()
         return None  # type: ignore[return-value]
 
     async def iq_unsubscribe(self, cmd: s.Unsubscribe, iq: s.Iq) -> str:
@@ -619,7 +522,7 @@ class XMPPConsumer(AsyncConsumer):
             message=xpayload.message_of(cmd.payload), peer=self.peer, door="xmpp")
         future = self.dispatcher.publish(request)
         self._outstanding += 1
-        task = self._spawn(self._publish_result(future, cmd, iq))
+        task = self.spawn(self._publish_result(future, cmd, iq), "publish result")
         if self._outstanding >= MAX_OUTSTANDING_PUBLISHES:
             await asyncio.shield(task)
         return None
@@ -632,7 +535,7 @@ class XMPPConsumer(AsyncConsumer):
             await self._write(s.iq_error(iq.id, sender, self.jid, _fault(exc)))
             return
         except Exception:
-            logger.exception("publish failed for %s", self.peer)
+            self.failed("publish")
             await self._write(s.iq_error(iq.id, sender, self.jid,
                                          s.IqFault("internal-server-error")))
             return
@@ -644,7 +547,7 @@ class XMPPConsumer(AsyncConsumer):
                 await self._as_account(pubsub_service.replace_older, published.topic_path,
                                        cmd.item_id, published.smuid)
             except Exception:  # the new item is stored; the older one stays
-                logger.exception("replacing item %s failed", cmd.item_id)
+                self.failed(f"replacing item {cmd.item_id}")
         await self._write(s.iq_result(iq.id, sender, self.jid,
                                       s.publish_result(cmd.node, item_id)))
 
@@ -660,7 +563,7 @@ class XMPPConsumer(AsyncConsumer):
     async def iq_retract(self, cmd: s.Retract, iq: s.Iq) -> str:
         self._pubsub_target(iq)
         key = cmd.node.casefold()
-        held_here = all((key, i) in self.held_by_id for i in cmd.ids)
+        held_here = all((key, i) in self.delivery.held_by_id for i in cmd.ids)
         # A worker's retract of what it holds (the hot path) needs no lookup of the node:
         # it was sent here from that queue node.
         node = None if held_here else await self._as_account(topic_service.visible_node,
@@ -669,12 +572,17 @@ class XMPPConsumer(AsyncConsumer):
             await self._as_account(pubsub_service.retract, cmd.node, cmd.ids)
             return ""
         smuids = [await self._held_item(cmd.node, i) for i in cmd.ids]
-        for item_id, smuid in zip(cmd.ids, smuids, strict=True):
-            await self._consume(smuid, cmd.node, item_id)
+        for smuid in smuids:
+            try:
+                await self.delivery.consume(smuid)
+            except ServiceError as exc:
+                if exc.code != 409:
+                    raise
+                raise s.IqFault("unexpected-request", text="no longer locked by you") from None
         await self._write(s.iq_result(iq.id, iq.to, self.jid))
         # XEP-0254 §2.3: the retract notification to this subscriber only.
         await self._write(s.retract_event(self.service_jid, self.jid, cmd.node, cmd.ids))
-        await self._pump_here()
+        await self.delivery.pump_here()
         return None  # type: ignore[return-value]
 
     async def iq_unlock(self, cmd: s.Unlock, iq: s.Iq) -> str:
@@ -684,17 +592,17 @@ class XMPPConsumer(AsyncConsumer):
             raise s.IqFault("feature-not-implemented", "unsupported", "queueing",
                             text="not a queue node")
         smuids = [await self._held_item(cmd.node, i) for i in cmd.ids]
-        self._drop_held(smuids)
-        await self._release(smuids)
+        self.delivery.drop_held(smuids)
+        await self.delivery.release(smuids)
         await self._write(s.iq_result(iq.id, iq.to, self.jid))
         await self._write(s.unlock_event(self.service_jid, self.jid, cmd.node, cmd.ids))
-        await self._pump_here()
+        await self.delivery.pump_here()
         return None  # type: ignore[return-value]
 
     async def _held_item(self, node: str, item_id: str) -> int:
         """The smuid of an item this session holds locked, or XEP-0254's error for it."""
         key = (node.casefold(), item_id)
-        smuid = self.held_by_id.get(key)
+        smuid = self.delivery.held_by_id.get(key)
         if smuid is not None and self.mailbox.holds(smuid):
             return smuid
         found = await dbthread.run(pubsub_service.queue_item, node, item_id)
@@ -707,39 +615,6 @@ class XMPPConsumer(AsyncConsumer):
             raise s.IqFault("unexpected-request", text="no longer locked by you")
         raise s.IqFault("forbidden", text="you did not receive this item")
 
-    async def _consume(self, smuid: int, node: str, item_id: str) -> None:
-        """Retract by the holder: the ACK of the lock (consumes the item once)."""
-        self._drop_held([smuid])
-        payload = await self.dispatcher.load(smuid)
-        receipt = payload is None or ack_service.may_want_receipt(payload[2])
-        try:
-            await self.dispatcher.ack_locked(
-                ack_service.AckRequest(self.account_id, smuid, 1, receipt, "xmpp"),
-                self.session.guid, self)
-        except ServiceError as exc:
-            if exc.code != 409:
-                raise
-            await self._release([smuid])
-            raise s.IqFault("unexpected-request", text="no longer locked by you") from None
-
-    def _drop_held(self, smuids: list[int]) -> None:
-        for smuid in smuids:
-            self.mailbox.unlock(smuid)
-            held = self.held.pop(smuid, None)
-            if held is not None:
-                key = held.node.casefold()
-                self.held_by_id.pop((key, held.item_id), None)
-                self._unpark(key)
-        self._arm_lock_timer()
-
-    async def _release(self, smuids: list[int] | None) -> None:
-        if self.session is None:
-            return
-        try:
-            await self.dispatcher.release(self.account_id, self.session.guid, smuids)
-        except Exception:  # the lock sweep ends them
-            logger.exception("releasing locks failed for %s", self.peer)
-
     # ------------------------------------------------------------------ presence
 
     async def _presence(self, kind: str | None) -> None:
@@ -747,9 +622,7 @@ class XMPPConsumer(AsyncConsumer):
             # XEP-0254 §3: every outstanding item is unlocked; nothing more is sent until
             # the client is available again.
             self.available = False
-            if self.held:
-                self._drop_held(list(self.held))
-            await self._release(None)
+            await self.delivery.release_all()
         elif kind in (None, "available"):
             self.available = True
             self.kick()
@@ -784,188 +657,29 @@ class XMPPConsumer(AsyncConsumer):
 
     # ------------------------------------------------------------------ delivery
 
-    @property
-    def _took_locks(self) -> bool:
-        return bool(self.queue_requests)
+    def may_send(self) -> bool:
+        return self.available
 
-    async def _read_backlog(self) -> None:
-        if self.dispatcher is None:
-            return
-        await self.dispatcher.caught_up()
-        rows, full = await self.dispatcher.backlog([self.account_id])
-        if self.mailbox.page(rows, full):
-            self.kick()
+    def queue_credit(self, topic: str) -> int:
+        return self.queue_requests.get(topic.casefold(), 0)
 
-    @property
-    def idle(self) -> bool:
-        return self.mailbox.idle and not self.closing
-
-    def kick(self) -> None:
-        busy = self._pumping or (self._pump_task is not None and not self._pump_task.done())
-        if (self.mailbox.ready and self.available and not self.closing and not busy
-                and self.session is not None):
-            self._pump_task = asyncio.ensure_future(self._pump())
-            self._pump_task.add_done_callback(self._task_done)
-
-    async def _pump_here(self) -> None:
-        """The next items go out with this answer (one write), pumped here rather than in a
-        task of their own, unless the pump runs already."""
-        busy = self._pumping or (self._pump_task is not None and not self._pump_task.done())
-        if busy or self.session is None:
-            return
-        try:
-            await self._pump()
-        except Exception:  # the answer still goes; the dispatcher's sweep offers again
-            logger.exception("next item failed for %s", self.peer)
-
-    async def _pump(self) -> None:
-        if self._pumping:
-            return
-        self._pumping = True
-        try:
-            await self._pump_next()
-        finally:
-            self._pumping = False
-
-    async def _pump_next(self) -> None:
-        mailbox, dispatcher = self.mailbox, self.dispatcher
-        mailbox.begin_pass()
-        while mailbox.inflight is None and self.available and not self.closing:
-            smuid = mailbox.take_next()
-            if smuid is None:
-                break
-            if smuid is NEED_PAGE:
-                await self._read_backlog()
-                continue
-            try:
-                if mailbox.holds(smuid):  # locked here already (offered again)
-                    mailbox.done_preparing()
-                    continue
-                loaded = await dispatcher.load(smuid)
-                if loaded is None or not await dispatcher.deliverable(
-                        self.account_id, smuid, loaded[0]):
-                    mailbox.done_preparing()
-                    continue
-                policy = await dispatcher.retry_policy(loaded[0])
-                if policy.queue:
-                    key = loaded[0].casefold()
-                    limit = self.queue_requests.get(key, 0)
-                    if not limit:
-                        # This stream has not subscribed to the queue node (with its
-                        # queue_requests): not its to take; it is read again from the
-                        # store when the stream subscribes.
-                        mailbox.done_preparing()
-                        continue
-                    if self._held_on(key) >= limit:
-                        mailbox.done_preparing()
-                        priority = _priority(loaded[2])
-                        if sum(map(len, self.parked.values())) >= mailbox.page_size:
-                            mailbox.offer(priority, smuid)  # too many put aside: it waits
-                            break
-                        self.parked[key].add((priority, smuid))
-                        continue
-                    if not await self._lock(smuid, policy):
-                        mailbox.done_preparing()
-                        continue
-            except BaseException:
-                mailbox.done_preparing()
-                raise
-            mailbox.send(smuid, loaded, locked=policy.queue)
-            await self._deliver(smuid, loaded, policy)
-
-    def _held_on(self, key: str) -> int:
-        return sum(1 for h in self.held.values() if h.node.casefold() == key)
-
-    def _unpark(self, key: str) -> None:
-        parked = self.parked.pop(key, None)
-        if parked:
-            for priority, smuid in sorted(parked):
-                self.mailbox.offer(priority, smuid)
-            self.kick()
-
-    async def _lock(self, smuid: int, policy: read.DeliveryPolicy) -> bool:
-        if self.session is None:
-            return False
-        if not await self.dispatcher.lock(self.account_id, self.session.guid, smuid, policy):
-            return False
-        self.mailbox.lock(smuid, self._loop.time() + policy.retry_timeout)
-        return True
-
-    async def _deliver(self, smuid: int, loaded: tuple, policy: read.DeliveryPolicy) -> None:
-        topic, cmuid, message = loaded
-        mailbox = self.mailbox
-        if mailbox.attempt() is None:
-            return
+    async def write_message(self, smuid: int, payload: Payload) -> bool:
+        topic, cmuid, message = payload
         item_id = pubsub_service.item_id_of(cmuid, smuid)
-        text = s.item_event(self.service_jid, self.jid, topic, item_id,
-                            xpayload.payload_xml(message, settings.SMQP_XMPP_MAX_FRAME,
-                                                 pubsub_service.is_item(cmuid)))
-        if policy.queue:
-            key = topic.casefold()
-            self.held[smuid] = Held(topic, item_id)
-            self.held_by_id[(key, item_id)] = smuid
-            self.received[(key, item_id)] = None
+        if smuid in self.delivery.held:  # a queue item: remembered (see _held_item)
+            self.received[(topic.casefold(), item_id)] = None
             while len(self.received) > RECEIVED_MEMORY:
                 self.received.popitem(last=False)
-            if not await self._write(text):
-                return  # the stream is ending: its locks go back with it
-            self.dispatcher.metrics.count("deliver")
-            self._count_out()
-            mailbox.acked(smuid)  # the slot is free; the lock stays until retract/unlock
-            self._arm_lock_timer()
-            return
-        held = self._held_frames is not None
-        if not await self._write(text):
-            return  # not sent: the stream is ending, and the message stays unACKed
-        self.dispatcher.metrics.count("deliver")
-        self._count_out()
-        # Profile §3: delivered to the account once written to one session (a frame held
-        # for the stanza's flush: once the flush wrote it).
-        receipt = ack_service.may_want_receipt(message)
-        request = ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt,
-                                         "xmpp")
-        if held:
-            self._acks_after_flush.append(request)
-        else:
-            await self.dispatcher.ack(request, self)
-        mailbox.acked(smuid)
+        return await self._write(s.item_event(
+            self.service_jid, self.jid, topic, item_id,
+            xpayload.payload_xml(message, settings.SMQP_XMPP_MAX_FRAME,
+                                 pubsub_service.is_item(cmuid))))
 
-    def _arm_lock_timer(self) -> None:
-        if self._lock_timer is not None:
-            self._lock_timer.cancel()
-            self._lock_timer = None
-        deadline = self.mailbox.next_lock_deadline
-        if deadline is not None and not self.closing:
-            self._lock_timer = self._loop.call_at(deadline, self._locks_due)
-
-    def _locks_due(self) -> None:
-        self._lock_timer = None
-        self._spawn(self._expire_locks())
-
-    async def _expire_locks(self) -> None:
-        """Locks past their deadline end: the holder is told (unlock notification), and the
-        items go to the next subscriber (the topic's max retries apply)."""
-        async with self._turn:
-            expired = [m for m in self.mailbox.expired_locks(self._loop.time())
-                       if m in self.held]
-            told = [(self.held[m].node, self.held[m].item_id) for m in expired]
-            self._drop_held(expired)
-            if expired:
-                await self._release(expired)
-                for node, item_id in told:
-                    await self._write(s.unlock_event(self.service_jid, self.jid, node,
-                                                     [item_id]))
-            self._arm_lock_timer()
-            self.kick()
-
-
-def _priority(message: Any) -> int:
-    """The (priority, smuid) order key's priority of a loaded message, as the store ranks
-    it (its Priority header; none: after every prioritised one)."""
-    try:
-        return int(message.get("Priority") or NO_PRIORITY)
-    except ValueError:
-        return NO_PRIORITY
+    async def locks_expired(self, held: list[Held]) -> None:
+        """XEP-0254: the holder is told its expired locks ended (unlock notification)."""
+        for item in held:
+            await self._write(s.unlock_event(self.service_jid, self.jid, item.node,
+                                             [item.item_id]))
 
 
 def _pattern(node: str) -> TopicPattern:

@@ -8,8 +8,10 @@
   :mod:`.cache` (payloads for NOTIFY, policies, rights) and :mod:`.health` (the operators'
   counters).
 - :mod:`.mailbox`: what one subscriber session has waiting, in flight, to retry and locked
-  (pure: the door drives it and does the I/O; the locks themselves are the store's,
-  :mod:`broker.services.locks`).
+  (pure: no I/O; the locks themselves are the store's, :mod:`broker.services.locks`).
+- :mod:`.session`: one subscriber session, shared by every door: it drives the mailbox (the
+  pump, retry and lock timers, backlog reading, release on close); the door passes in its
+  wire work.
 - :mod:`.linger`: when a publish batch goes (pure).
 
 Doors import from here; the services never do (they announce commits through

@@ -1,10 +1,10 @@
 """What one subscriber session has to deliver: a plain object, no I/O, no clock.
 
-A door (the SMQP consumer; later XMPP, REST) keeps one :class:`Mailbox` per subscriber
-session and drives it: the dispatcher offers messages into it, the door's pump takes the next
-one, loads and checks it, writes it in its own wire form and reports what happened (sent,
-ACKed, given up). Times are passed in (the door's event-loop clock), so every rule here can be
-tested without a socket, a database or a loop.
+Each subscriber session (:class:`~broker.delivery.session.SubscriberSession`, at every door)
+keeps one :class:`Mailbox` and drives it: the dispatcher offers messages into it, the
+session's pump takes the next one, loads and checks it, has the door write it in its own wire
+form and reports what happened (sent, ACKed, given up). Times are passed in (the event-loop
+clock), so every rule here can be tested without a socket, a database or a loop.
 
 One message at a time is in flight (sent, its ACK awaited); the others wait in a heap ordered
 by (priority, smuid): lower priority first, then FIFO, since smuids grow in commit order.

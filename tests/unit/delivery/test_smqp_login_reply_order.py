@@ -17,7 +17,7 @@ import broker.consumers.smqp as smqp_consumer
 from broker.consumers.smqp import SMQPConsumer
 from broker.services import auth as auth_service
 from broker.services.read import DeliveryPolicy
-from tests.unit.delivery.test_smqp_session_delivery import ACCOUNT, payload
+from tests.unit.delivery.test_smqp_session_delivery import ACCOUNT, payload, stop
 
 GUID = b"alice0001"
 
@@ -30,7 +30,7 @@ class LoginDispatcher:
         self.gate = asyncio.Event()
         self.waiting = asyncio.Event()
         self.registered: list = []
-        self.metrics = SimpleNamespace(count=lambda *a: None)
+        self.metrics = SimpleNamespace(count=lambda *a: None, session=lambda *a: None)
 
     def register(self, session) -> None:
         self.registered.append(session)
@@ -85,11 +85,8 @@ async def consumer(monkeypatch):
     session.login.login("alice", "CLEAR", "1.0")  # as after LOGIN alice CLEAR/1.0
     session.written = written
     yield session, dispatcher
-    for handle in (session._watchdog, session._retry):
-        if handle is not None:
-            handle.cancel()
-    if session._pump_task is not None:
-        session._pump_task.cancel()
+    session._watchdog.cancel()
+    stop(session.delivery)
 
 
 def assert_reply_before_notify(stream: bytes) -> None:

@@ -6,6 +6,7 @@ e2e/smqp/test_messages and e2e/smqp/test_backlog."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,6 +38,7 @@ class GatedDispatcher:
         self.acks: list[int] = []
         self.sessions: dict[int, set] = {}
         self.allowed = True
+        self.metrics = SimpleNamespace(count=lambda *a: None, session=lambda *a: None)
 
     async def load(self, smuid: int) -> tuple[str, str, Message]:
         return payload(smuid)
@@ -69,15 +71,20 @@ async def session():
     await consumer.smqp_connect({"type": "smqp.connect"})
     written.clear()  # the greeting
     consumer.account_id = ACCOUNT
+    consumer.session = SimpleNamespace(guid="g1")  # logged in
     consumer.dispatcher = GatedDispatcher()
     consumer.dispatcher.sessions[ACCOUNT] = {consumer}
     consumer.written = written
     yield consumer
     consumer._watchdog.cancel()
-    if consumer._retry is not None:
-        consumer._retry.cancel()
-    if consumer._pump_task is not None:
-        consumer._pump_task.cancel()
+    stop(consumer.delivery)
+
+
+def stop(delivery) -> None:
+    """Timers and tasks of a session a test leaves behind (no close: no login row to end)."""
+    for handle in (delivery._retry, delivery._lock_timer, *delivery._tasks):
+        if handle is not None:
+            handle.cancel()
 
 
 def offer(session: SMQPConsumer, priority: int, smuid: int) -> None:

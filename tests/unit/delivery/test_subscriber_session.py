@@ -1,0 +1,444 @@
+"""The subscriber session every door shares (broker.delivery.session), against a stand-in
+dispatcher and a stand-in door: no socket, no database. Each door's wire behaviour over real
+sockets is in e2e/smqp (test_messages, test_queue_locks, test_backlog) and e2e/xmpp
+(test_xmpp, test_queue_workers, test_fanout_sessions, test_dropped_streams)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+import broker.delivery.session as session_module
+from broker.delivery.session import Held, SubscriberSession
+from broker.services import ServiceError, conflict
+from broker.services.read import DeliveryPolicy
+from tests.unit.delivery.test_smqp_session_delivery import ACCOUNT, TOPIC, payload
+
+GUID = "guid-1"
+FAN_OUT = DeliveryPolicy(60, 3, queue=False)
+QUEUE = DeliveryPolicy(60, 3, queue=True)
+
+
+class FakeDispatcher:
+    """What a session asks of the dispatcher; every call that matters goes to ``log``."""
+
+    def __init__(self, policy: DeliveryPolicy = FAN_OUT) -> None:
+        self.policy = policy
+        self.log: list[tuple] = []
+        self.registered: list = []
+        self.backlog_pages: list[tuple[list[tuple[int, int, int]], bool]] = []
+        self.lock_ok = True
+        self.lock_lost = False  # ack_locked: the store says the lock is no longer held
+        self.metrics = SimpleNamespace(count=lambda *a: None, session=lambda *a: None)
+
+    def register(self, session) -> None:
+        self.registered.append(session)
+
+    def unregister(self, session) -> None:
+        self.registered.remove(session)
+        self.log.append(("unregister",))
+
+    async def caught_up(self) -> None:
+        pass
+
+    async def backlog(self, account_ids: list[int]):
+        self.log.append(("backlog", tuple(account_ids)))
+        return self.backlog_pages.pop(0) if self.backlog_pages else ([], False)
+
+    async def load(self, smuid: int):
+        return payload(smuid)
+
+    async def deliverable(self, account_id: int, smuid: int, topic_path: str) -> bool:
+        return True
+
+    async def retry_policy(self, topic_path: str) -> DeliveryPolicy:
+        return self.policy
+
+    async def lock(self, account_id, guid, smuid, policy) -> bool:
+        self.log.append(("lock", smuid))
+        return self.lock_ok
+
+    async def ack(self, request, session=None) -> None:
+        self.log.append(("ack", request.smuid))
+
+    async def ack_locked(self, request, guid, session=None) -> None:
+        if self.lock_lost:
+            raise conflict("lock not held")
+        self.log.append(("ack_locked", request.smuid))
+
+    async def release(self, account_id, guid, smuids=None) -> None:
+        self.log.append(("release", None if smuids is None else tuple(smuids)))
+
+    async def dead(self, account_id, smuid) -> None:
+        self.log.append(("dead", smuid))
+
+    def of(self, kind: str) -> list[tuple]:
+        return [entry for entry in self.log if entry[0] == kind]
+
+
+class FakeDoor:
+    """The door's wire work: writes go to the dispatcher's log (so their order against
+    locks and ACKs shows), or fail while ``failing``."""
+
+    peer = "test"
+
+    def __init__(self, log: list, *, acks_on_write: bool = False,
+                 credit: int | None = None) -> None:
+        self.log = log
+        self.acks_on_write = acks_on_write
+        self.credit = credit
+        self.closing = False
+        self.sendable = True
+        self.failing = False
+        self.expired: list[Held] = []
+        self.failures: list[str] = []
+        self.wrote = asyncio.Event()
+
+    def may_send(self) -> bool:
+        return self.sendable
+
+    def queue_credit(self, topic: str) -> int | None:
+        return self.credit
+
+    async def write_message(self, smuid: int, payload) -> bool:
+        if self.failing:
+            return False
+        self.log.append(("write", smuid))
+        self.wrote.set()
+        return True
+
+    async def locks_expired(self, held: list[Held]) -> None:
+        self.expired.extend(held)
+
+    def failed(self, what: str, exc: BaseException | None = None) -> None:
+        self.failures.append(what)
+
+    def writes(self) -> list[int]:
+        return [entry[1] for entry in self.log if entry[0] == "write"]
+
+
+@pytest.fixture
+def ended(monkeypatch):
+    """Login sessions the session ended (instead of their database row)."""
+    logins: list = []
+
+    async def end_login(login) -> None:
+        logins.append(login.guid)
+
+    monkeypatch.setattr(session_module, "_end_login", end_login)
+    return logins
+
+
+def make(policy: DeliveryPolicy = FAN_OUT, *, page: int = 100, **door_options):
+    dispatcher = FakeDispatcher(policy)
+    door = FakeDoor(dispatcher.log, **door_options)
+    session = SubscriberSession(door, page, door_name="xmpp" if door.acks_on_write else "smqp")
+    session.account_id = ACCOUNT
+    session.session = SimpleNamespace(guid=GUID)
+    session.register(dispatcher)
+    return session, dispatcher, door
+
+
+def offer(session: SubscriberSession, *smuids: int, priority: int = 1) -> None:
+    """As the dispatcher offers messages."""
+    for smuid in smuids:
+        if session.mailbox.offer(priority, smuid, live=True):
+            session.kick()
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_the_dispatcher_sees_the_session_protocol():
+    session, dispatcher, _ = make()
+    assert dispatcher.registered == [session]
+    assert session.account_id == ACCOUNT and session.session.guid == GUID
+    assert session.idle
+    offer(session, 5)
+    assert not session.idle
+
+
+async def test_the_pump_sends_one_at_a_time_until_its_ack(ended):
+    session, dispatcher, door = make()
+    offer(session, 1, 2, 3)
+    await settle()
+    assert door.writes() == [1]
+    assert await session.ack_inflight()
+    assert dispatcher.of("ack") == [("ack", 1)]
+    await session.pump_here()
+    assert door.writes() == [1, 2]
+    assert await session.ack_inflight()
+    await session.pump_here()
+    assert await session.ack_inflight()
+    assert door.writes() == [1, 2, 3] and dispatcher.of("ack") == [("ack", 1), ("ack", 2),
+                                                                   ("ack", 3)]
+    assert not await session.ack_inflight()  # nothing waits for an ACK
+    await session.close()
+
+
+async def test_nothing_goes_while_the_door_may_not_send(ended):
+    session, _, door = make()
+    door.sendable = False
+    offer(session, 1)
+    await settle()
+    assert door.writes() == []
+    door.sendable = True
+    session.kick()
+    await settle()
+    assert door.writes() == [1]
+    await session.close()
+
+
+async def test_without_ack_it_goes_again_at_its_deadline_then_is_given_up(ended):
+    """Retry timeout 0: the timer runs at the next turn of the loop. Max retries 1: sent
+    twice, then recorded dead, and the next message goes (and so on)."""
+    session, dispatcher, door = make(DeliveryPolicy(0, 1, queue=False))
+    offer(session, 7, 8)
+    await asyncio.wait_for(_until(lambda: len(dispatcher.of("dead")) == 2), 5)
+    assert dispatcher.of("dead") == [("dead", 7), ("dead", 8)]
+    assert door.writes() == [7, 7, 8, 8]
+    assert dispatcher.of("ack") == []  # never ACKed without its holder's ACK
+    assert session.idle
+    await session.close()
+
+
+async def test_queue_mode_locks_before_writing_and_close_releases(ended):
+    session, dispatcher, _ = make(QUEUE)
+    offer(session, 4)
+    await settle()
+    assert dispatcher.log[:2] == [("lock", 4), ("write", 4)]
+    assert session.mailbox.holds(4)
+    await session.close()
+    assert ("release", None) in dispatcher.log
+    assert ended == [GUID] and session.session is None
+    assert dispatcher.registered == []
+
+
+async def test_a_message_whose_lock_fails_is_not_written(ended):
+    session, dispatcher, door = make(QUEUE)
+    dispatcher.lock_ok = False
+    offer(session, 4)
+    await settle()
+    assert dispatcher.of("lock") == [("lock", 4)] and door.writes() == []
+    assert session.mailbox.inflight is None
+    await session.close()
+
+
+async def test_queue_mode_ack_after_the_lock_was_lost_is_refused(ended):
+    session, dispatcher, _ = make(QUEUE)
+    offer(session, 4)
+    await settle()
+    dispatcher.lock_lost = True
+    with pytest.raises(ServiceError) as refused:
+        await session.ack_inflight()
+    assert refused.value.code == 409
+    assert dispatcher.of("ack_locked") == [] and ("release", (4,)) in dispatcher.log
+    assert session.mailbox.inflight is None and not session.mailbox.holds(4)
+    await session.close()
+
+
+async def test_close_is_idempotent(ended):
+    session, dispatcher, door = make(QUEUE)
+    offer(session, 4)
+    await settle()
+    await session.close()
+    await session.close()
+    assert dispatcher.of("release") == [("release", None)]
+    assert dispatcher.of("unregister") == [("unregister",)]
+    assert ended == [GUID]
+    assert dispatcher.of("ack_locked") == []  # its lock went back; nothing consumed
+    session.mailbox.acked(4)
+    offer(session, 5)  # an offer after the end starts nothing
+    await settle()
+    assert door.writes() == [4] and not session.idle
+
+
+async def test_close_while_the_pump_waits_stops_it(ended):
+    """A lock being asked for when the transport ends: the pump is cancelled, and the
+    session's locks are released all the same (the lock may have been taken)."""
+    session, dispatcher, door = make(QUEUE)
+    gate = asyncio.Event()
+    taken = dispatcher.lock
+
+    async def slow_lock(*args):
+        await gate.wait()
+        return await taken(*args)
+
+    dispatcher.lock = slow_lock
+    offer(session, 4)
+    await settle()
+    await session.close()
+    gate.set()
+    await settle()
+    assert door.writes() == [] and dispatcher.of("release") == [("release", None)]
+
+
+async def test_backlog_page_is_read_on_need_page(ended):
+    """A page of two in memory: the third offer is beyond it (it is in the store), and is
+    read with the next page once the two went."""
+    session, dispatcher, door = make(page=2)
+    offer(session, 1, 2, 3)
+    await settle()
+    assert door.writes() == [1]
+    dispatcher.backlog_pages.append(([(ACCOUNT, 1, 3)], False))
+    for _ in range(3):
+        assert await session.ack_inflight()
+        await session.pump_here()
+    assert door.writes() == [1, 2, 3]
+    assert dispatcher.of("backlog") == [("backlog", (ACCOUNT,))]
+    await session.close()
+
+
+# ------------------------------------------------------------ written is delivered (XMPP)
+
+async def test_a_fan_out_message_is_acked_once_written(ended):
+    session, dispatcher, _ = make(acks_on_write=True)
+    offer(session, 1, 2)
+    await settle()
+    assert dispatcher.log == [("write", 1), ("ack", 1), ("write", 2), ("ack", 2)]
+    assert session.idle
+    await session.close()
+
+
+async def test_a_write_that_fails_does_not_ack(ended):
+    session, dispatcher, door = make(acks_on_write=True)
+    door.failing = True
+    offer(session, 1)
+    await settle()
+    assert dispatcher.of("ack") == []
+    assert session.mailbox.inflight == 1  # not delivered
+    await session.close()
+
+
+async def test_acks_deferred_to_the_door_s_flush(ended):
+    """Frames the door holds for its flush: ACKed once the flush wrote them, never if it
+    failed."""
+    session, dispatcher, door = make(acks_on_write=True)
+    session.defer_acks()
+    offer(session, 1)
+    await settle()
+    assert door.writes() == [1] and dispatcher.of("ack") == []
+    await session.flush_acks(written=True)
+    assert dispatcher.of("ack") == [("ack", 1)]
+    session.defer_acks()
+    offer(session, 2)
+    await settle()
+    await session.flush_acks(written=False)
+    assert dispatcher.of("ack") == [("ack", 1)]
+    await session.close()
+
+
+async def test_queue_items_are_held_up_to_the_credit_and_parked_beyond(ended):
+    session, dispatcher, door = make(QUEUE, acks_on_write=True, credit=1)
+    offer(session, 1, 2)
+    await settle()
+    assert door.writes() == [1]
+    assert session.held == {1: Held(TOPIC, "1")}
+    assert session.held_by_id == {(TOPIC, "1"): 1}
+    assert list(session.parked) == [TOPIC.casefold()]
+    assert [smuid for _, smuid in session.parked[TOPIC]] == [2]
+    await session.consume(1)
+    assert dispatcher.of("ack_locked") == [("ack_locked", 1)]
+    await settle()
+    assert door.writes() == [1, 2] and list(session.held) == [2]
+    await session.close()
+    assert dispatcher.of("release") == [("release", None)]
+
+
+async def test_no_credit_takes_nothing(ended):
+    session, dispatcher, door = make(QUEUE, acks_on_write=True, credit=0)
+    offer(session, 1)
+    await settle()
+    assert dispatcher.of("lock") == [] and door.writes() == []
+    await session.close()
+
+
+async def test_consuming_a_lock_lost_in_the_store_is_refused_and_released(ended):
+    session, dispatcher, _ = make(QUEUE, acks_on_write=True, credit=4)
+    offer(session, 1)
+    await settle()
+    dispatcher.lock_lost = True
+    with pytest.raises(ServiceError) as refused:
+        await session.consume(1)
+    assert refused.value.code == 409 and ("release", (1,)) in dispatcher.log
+    assert session.held == {}
+    await session.close()
+
+
+async def test_an_expired_lock_is_released_and_the_door_told(ended):
+    """Retry timeout 0: the held item's lock deadline is now; its timer ends it."""
+    session, dispatcher, door = make(DeliveryPolicy(0, 3, queue=True), acks_on_write=True,
+                                     credit=4)
+    offer(session, 1)
+    await asyncio.wait_for(_until(lambda: door.expired), 5)
+    assert door.expired == [Held(TOPIC, "1")]
+    assert dispatcher.of("release") == [("release", (1,))]
+    assert session.held == {} and not session.mailbox.holds(1)
+    await session.close()
+
+
+async def test_unavailable_releases_every_held_item(ended):
+    session, dispatcher, door = make(QUEUE, acks_on_write=True, credit=4)
+    offer(session, 1, 2)
+    await settle()
+    assert sorted(session.held) == [1, 2]
+    door.sendable = False
+    await session.release_all()
+    assert session.held == {} and session.mailbox.locks_held == frozenset()
+    assert dispatcher.of("release") == [("release", None)]
+    await session.close()
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+async def test_a_failing_pump_goes_to_the_door_s_error_funnel(ended):
+    """A load that fails (the store away) ends that pass only: the door logs it, and the
+    message is not left half taken (offered again, it goes)."""
+    session, dispatcher, door = make()
+    loaded = dispatcher.load
+
+    async def broken(smuid: int):
+        raise OSError("store away")
+
+    dispatcher.load = broken
+    offer(session, 1)
+    await settle()
+    assert door.failures == ["delivery"] and door.writes() == []
+    assert session.mailbox.preparing is None
+    dispatcher.load = loaded
+    offer(session, 1)
+    await settle()
+    assert door.writes() == [1]
+    await session.close()
+
+
+async def test_a_write_that_outlasts_the_door_s_flush_is_acked_itself(ended):
+    """A frame written while the door's flush was under way (deferral on when the write
+    began, over when it ended): the flush's ACKs are done, so it is ACKed at once, not
+    left in a list nobody reads."""
+    session, dispatcher, door = make(acks_on_write=True)
+    writing = asyncio.Event()
+    finish = asyncio.Event()
+    written = door.write_message
+
+    async def slow_write(smuid, payload):
+        writing.set()
+        await finish.wait()
+        return await written(smuid, payload)
+
+    door.write_message = slow_write
+    session.defer_acks()
+    offer(session, 1)
+    await asyncio.wait_for(writing.wait(), 5)
+    await session.flush_acks(written=True)  # the door's flush ends meanwhile
+    finish.set()
+    await settle()
+    assert dispatcher.of("ack") == [("ack", 1)]
+    await session.close()
