@@ -184,6 +184,9 @@ class XMPPConsumer(AsyncConsumer):
         self.queue_requests: dict[str, int] = {}
         self.held: dict[int, Held] = {}
         self.held_by_id: dict[tuple[str, str], int] = {}
+        # Locked (or being locked) here and not yet written to the transport: if the stream
+        # ends first, their release gives back the attempt the lock counted.
+        self.unsent: set[int] = set()
         self.parked: defaultdict[str, set[tuple[int, int]]] = defaultdict(set)
         self.received: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._loop = asyncio.get_running_loop()
@@ -234,7 +237,8 @@ class XMPPConsumer(AsyncConsumer):
             session, self.session = self.session, None
             if self.held or self._took_locks:
                 try:
-                    await self.dispatcher.release(self.account_id, session.guid)
+                    await self.dispatcher.release(self.account_id, session.guid,
+                                                  unsent=self.unsent)
                 except Exception:  # the lock sweep ends them
                     logger.exception("releasing the locks of %s failed", session.guid)
             await dbthread.run(auth_service.end_session, session)
@@ -927,7 +931,11 @@ class XMPPConsumer(AsyncConsumer):
     async def _lock(self, smuid: int, policy: read.DeliveryPolicy) -> bool:
         if self.session is None:
             return False
+        # Unsent until _deliver has written it; marked before the lock is asked for, since
+        # the session's end may cancel this pump while the database takes the lock.
+        self.unsent.add(smuid)
         if not await self.dispatcher.lock(self.account_id, self.session.guid, smuid, policy):
+            self.unsent.discard(smuid)
             return False
         self.mailbox.lock(smuid, self._loop.time() + policy.retry_timeout)
         return True
@@ -949,7 +957,8 @@ class XMPPConsumer(AsyncConsumer):
             while len(self.received) > RECEIVED_MEMORY:
                 self.received.popitem(last=False)
             if not await self._write(text):
-                return  # the stream is ending: its locks go back with it
+                return  # the stream is ending: its locks go back with it, uncounted
+            self.unsent.discard(smuid)
             self.dispatcher.metrics.count("deliver")
             self._count_out()
             mailbox.acked(smuid)  # the slot is free; the lock stays until retract/unlock

@@ -769,10 +769,12 @@ class Dispatcher:
         self.wake(receipts)
 
     async def release(self, account_id: int, session_guid: str,
-                      smuids: list[int] | None = None) -> None:
+                      smuids: list[int] | None = None, unsent: Iterable[int] = ()) -> None:
         """Queue mode: the session's locks (all, or those on ``smuids``) end now; their
-        messages are offered to the next subscriber, here and in every process."""
-        self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids))
+        messages are offered to the next subscriber, here and in every process. Those of
+        ``unsent`` were never written to the session: their attempts are given back."""
+        self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids,
+                                     list(unsent)))
 
     # ------------------------------------------------------------------ operators' counters
 
