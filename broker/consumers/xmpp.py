@@ -187,6 +187,9 @@ class XMPPConsumer(AsyncConsumer):
         # Locked (or being locked) here and not yet written to the transport: if the stream
         # ends first, their release gives back the attempt the lock counted.
         self.unsent: set[int] = set()
+        # Of those, the ones whose frame waits in _held_frames (its index there): sent, and
+        # so no longer unsent, only once _flush has written that frame.
+        self._unsent_held: dict[int, int] = {}
         self.parked: defaultdict[str, set[tuple[int, int]]] = defaultdict(set)
         self.received: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._loop = asyncio.get_running_loop()
@@ -280,9 +283,11 @@ class XMPPConsumer(AsyncConsumer):
         Fan-out deliveries written meanwhile are ACKed once their frames went."""
         held, self._held_frames = self._held_frames, None
         acks, self._acks_after_flush = self._acks_after_flush, []
-        for text in held or ():
+        unsent_held, self._unsent_held = self._unsent_held, {}
+        for index, text in enumerate(held or ()):
             if not await self._send_frame(text):
                 return
+            self.unsent.discard(unsent_held.get(index, 0))
         for request in acks:
             await self.dispatcher.ack(request, self)
 
@@ -958,7 +963,10 @@ class XMPPConsumer(AsyncConsumer):
                 self.received.popitem(last=False)
             if not await self._write(text):
                 return  # the stream is ending: its locks go back with it, uncounted
-            self.unsent.discard(smuid)
+            if self._held_frames is not None:
+                self._unsent_held[len(self._held_frames) - 1] = smuid
+            else:
+                self.unsent.discard(smuid)
             self.dispatcher.metrics.count("deliver")
             self._count_out()
             mailbox.acked(smuid)  # the slot is free; the lock stays until retract/unlock

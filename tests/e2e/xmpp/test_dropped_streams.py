@@ -22,6 +22,7 @@ from contextlib import suppress
 import pytest
 
 from tests.conftest import BrokerProcess
+from tests.support.timing import scaled
 from tests.support.xmpp_session import (
     EVENT,
     FRAMING,
@@ -105,7 +106,7 @@ def test_streams_closed_right_after_close_end_their_sessions_and_lose_nothing(xm
     pub.close()
 
     # No session of the account stays live once its transport ended.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while (live := broker.manage("shell", "--no-imports", "-c", LIVE).stdout.strip()) != "0":
         assert time.monotonic() < deadline, f"{live} sessions still live"
         time.sleep(0.5)
