@@ -213,7 +213,10 @@ class XMPPConsumer(AsyncConsumer):
 
     async def websocket_disconnect(self, event: dict) -> None:
         self._disconnected = True
-        await self._end_session()
+        # Shielded: Daphne cancels an instance still running 10 s after the disconnect
+        # (application_close_timeout), as a busy database thread can make this; cancelled
+        # here, _end_session had set _ended and the session stayed live for good.
+        await asyncio.shield(self._end_session())
         raise StopConsumer()
 
     async def _end_session(self) -> None:
