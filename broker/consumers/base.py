@@ -32,6 +32,7 @@ class DoorConsumer(AsyncConsumer):
     peer = "?"
     #: The subscriber session (broker.delivery.session), made when the connection opens.
     delivery: SubscriberSession | None = None
+    _ending: asyncio.Future | None = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         self.scope = scope
@@ -81,10 +82,18 @@ class DoorConsumer(AsyncConsumer):
 
     async def end_session(self) -> None:
         """The transport ended (by whatever path): the session ends and its locks go back;
-        once (called from every end). A door sets ``_ended = False`` once connected."""
-        if getattr(self, "_ended", True):  # not connected, or ended already
-            return
-        self._ended = True
+        once (called from every end). A door sets ``_ended = False`` once connected. The
+        ending runs as a task of its own that every caller awaits shielded: a caller
+        cancelled meanwhile (Daphne kills an instance slow to stop) does not stop it half
+        way, with the session marked ended and its locks and login still held."""
+        if self._ending is None:
+            if getattr(self, "_ended", True):  # not connected
+                return
+            self._ended = True
+            self._ending = asyncio.ensure_future(self._end_session())
+        await asyncio.shield(self._ending)
+
+    async def _end_session(self) -> None:
         self.closing = True
         self.stop_door()
         await self.delivery.close()

@@ -272,12 +272,14 @@ class Dispatcher:
         self._forget_elsewhere(request, session, live_too=True)
 
     async def release(self, account_id: int, session_guid: str,
-                      smuids: list[int] | None = None) -> None:
+                      smuids: list[int] | None = None, unsent: Iterable[int] = ()) -> None:
         """Queue mode: the session's locks (all, or those on ``smuids``) end now; their
-        messages are offered to the next subscriber, here and in every process."""
+        messages are offered to the next subscriber, here and in every process. Those of
+        ``unsent`` were never written to the session: their attempts are given back."""
         self.claims.drop_holder(
             session_guid, None if smuids is None else [(account_id, m) for m in smuids])
-        self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids))
+        self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids,
+                                     list(unsent)))
 
     @staticmethod
     async def _settle_locks(takes: list[LockTake], acks: list[LockAck]

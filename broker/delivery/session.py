@@ -111,6 +111,11 @@ class SubscriberSession:
         self._retry: asyncio.TimerHandle | None = None
         self._lock_timer: asyncio.TimerHandle | None = None
         self._took_locks = False  # a lock was asked for: the session's locks end with it
+        # Queue items locked here and not written yet (or written into a frame the door
+        # holds for its flush): if the session ends first, their locks give back the
+        # attempt they counted, as nobody received them (issue 34 item 1).
+        self.unsent: set[int] = set()
+        self._unsent_deferred: list[int] = []
         # Written-is-delivered doors: fan-out ACKs waiting for the door's flush (None: ACK
         # at once), queue items held, by smuid and by (node key, item id), and items parked
         # while their node is at its credit.
@@ -235,7 +240,10 @@ class SubscriberSession:
         if self.session is None:  # ended meanwhile
             return False
         self._took_locks = True
+        # Before the await: the pump may be cancelled during it, the lock taken all the same.
+        self.unsent.add(smuid)
         if not await self.dispatcher.lock(self.account_id, self.session.guid, smuid, policy):
+            self.unsent.discard(smuid)
             return False
         self.mailbox.lock(smuid, self._loop.time() + policy.retry_timeout)
         return True
@@ -252,6 +260,7 @@ class SubscriberSession:
             await self._write_delivered(smuid, payload, policy)
             return
         if await self.door.write_message(smuid, payload):
+            self.unsent.discard(smuid)
             self._count_out()
         # Written or not (a SET NOTIFY PORT connection gone, say), it goes again at its
         # retry deadline unless its ACK comes.
@@ -273,6 +282,10 @@ class SubscriberSession:
             self.held_by_id[(topic.casefold(), item_id)] = smuid
             if not await self.door.write_message(smuid, payload):
                 return  # the stream is ending: its locks go back with it
+            if self._deferred_acks is not None:
+                self._unsent_deferred.append(smuid)  # written once the flush wrote it
+            else:
+                self.unsent.discard(smuid)
             self._count_out()
             mailbox.acked(smuid)  # the slot is free; the lock stays until consumed or ended
             self._arm_lock_timer()
@@ -306,7 +319,9 @@ class SubscriberSession:
         """The door's flush ended: ``written`` when its frames went; if not, the messages
         written meanwhile stay unACKed (they are sent again, never lost)."""
         acks, self._deferred_acks = self._deferred_acks or [], None
+        deferred, self._unsent_deferred = self._unsent_deferred, []
         if written:
+            self.unsent.difference_update(deferred)
             for request in acks:
                 await self.dispatcher.ack(request, self.handle)
 
@@ -495,7 +510,8 @@ class SubscriberSession:
             return
         if self._took_locks or self.held:
             try:
-                await self.dispatcher.release(self.account_id, login.guid)
+                await self.dispatcher.release(self.account_id, login.guid,
+                                              unsent=self.unsent)
             except Exception:  # the lock sweep ends them
                 self.door.failed(f"releasing the locks of session {login.guid}")
         await _end_login(login)

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from accounts.models import Account
@@ -208,15 +208,22 @@ def ack_locked(account_id: int, session_guid: str, smuid: int,
     return receipts
 
 
-def release(account_id: int, session_guid: str,
-            smuids: Iterable[int] | None = None) -> list[Published]:
+def release(account_id: int, session_guid: str, smuids: Iterable[int] | None = None,
+            unsent: Iterable[int] = ()) -> list[Published]:
     """The session's locks end before their deadline (all of them, or those on ``smuids``):
     its session ended, or it lets go of them. Each message goes to the next subscribing
     account, or is dead once its attempts are spent. Returns the messages moved, for the
-    caller to announce (as :func:`ack_locked`)."""
+    caller to announce (as :func:`ack_locked`).
+
+    ``unsent``: messages the session locked but never wrote to its transport (it ended
+    first). Their locks give back the attempt they counted: nobody received them, and a
+    stream dropped while taking items must not spend an item's retries (issue 34 item 1)."""
     held = Delivery.objects.filter(account_id=account_id, state=LOCKED, holder=session_guid)
     if smuids is not None:
         held = held.filter(message_id__in=list(smuids))
+    unsent = list(unsent)
+    if unsent:
+        held.filter(message_id__in=unsent, attempts__gt=0).update(attempts=F("attempts") - 1)
     moved, _ = _end_locks(held, timezone.now(), expired=False)
     return moved
 

@@ -97,13 +97,24 @@ class XmppSession:
         self.ws.send(text)
 
     def _read(self, timeout: float) -> ET.Element:
-        self.ws.settimeout(timeout)
-        try:
-            opcode, data = self.ws.recv_data()
-        except (websocket.WebSocketConnectionClosedException, ConnectionError) as exc:
-            raise StreamEnded(str(exc)) from exc
-        if opcode == websocket.ABNF.OPCODE_CLOSE:
-            raise StreamEnded("websocket closed")
+        """The next frame within ``timeout`` (else ``WebSocketTimeoutException``). Control
+        frames come back here: websocket-client's own loop answers a ping and reads on with
+        a fresh socket timeout, so a wait longer than Daphne's ping interval (20 s) never
+        ended while an expected frame was missing (the test hung instead of failing)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise websocket.WebSocketTimeoutException("no frame within the timeout")
+            self.ws.settimeout(left)
+            try:
+                opcode, data = self.ws.recv_data(control_frame=True)
+            except (websocket.WebSocketConnectionClosedException, ConnectionError) as exc:
+                raise StreamEnded(str(exc)) from exc
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                raise StreamEnded("websocket closed")
+            if opcode not in (websocket.ABNF.OPCODE_PING, websocket.ABNF.OPCODE_PONG):
+                break  # a ping was answered by recv_data already
         element = ET.fromstring(data)
         self.frames.append(element)
         return element

@@ -131,6 +131,23 @@ def test_a_lock_that_ends_with_its_attempts_spent_is_dead_and_the_message_in_tra
     assert UsageEvent.objects.filter(kind="dead", smuid=smuid).exists()
 
 
+def test_a_lock_released_unsent_gives_its_attempt_back_and_is_not_dead(queue):
+    """A session whose transport ended before it wrote the locked message (issue 34 item 1:
+    streams dropped while taking items) does not spend the message's retries."""
+    _, (first, second, _), smuid = queue
+    Delivery.objects.filter(message_id=smuid).update(attempts=2)
+    assert locks.lock(first.pk, "first01", smuid, RETRY, 2)
+    [moved] = locks.release(first.pk, "first01", unsent=[smuid])
+    assert moved.accounts == [second.pk]
+    row = delivery(smuid)
+    assert (row.account_id, row.state, row.holder, row.attempts) == (second.pk, "pending", "", 2)
+    assert Message.objects.get(pk=smuid).state != "trash"
+    # Only the session's own locks of those messages: another's unsent list changes nothing.
+    assert locks.lock(second.pk, "second01", smuid, RETRY, 2)
+    assert locks.release(second.pk, "other01", unsent=[smuid]) == []
+    assert delivery(smuid).attempts == 3
+
+
 def test_with_nobody_subscribed_an_ended_lock_leaves_the_message_waiting(queue):
     _, (first, _, _), smuid = queue
     assert locks.lock(first.pk, "first01", smuid, RETRY, 2)
