@@ -68,8 +68,9 @@ class FakeDispatcher:
             raise conflict("lock not held")
         self.log.append(("ack_locked", request.smuid))
 
-    async def release(self, account_id, guid, smuids=None) -> None:
+    async def release(self, account_id, guid, smuids=None, unsent=()) -> None:
         self.log.append(("release", None if smuids is None else tuple(smuids)))
+        self.unsent_released = sorted(unsent)
 
     async def dead(self, account_id, smuid) -> None:
         self.log.append(("dead", smuid))
@@ -216,6 +217,29 @@ async def test_queue_mode_locks_before_writing_and_close_releases(ended):
     assert ("release", None) in dispatcher.log
     assert ended == [GUID] and session.session is None
     assert dispatcher.registered == []
+
+
+async def test_locked_items_never_written_give_their_attempt_back_at_close(ended):
+    """Issue 34 item 1: a stream that ends between a lock and its write (or before the
+    door's flush wrote the frame) must not spend the item's retries."""
+    session, dispatcher, door = make(QUEUE, acks_on_write=True, credit=4)
+    door.failing = True  # the stream is ending: the frame is not written
+    offer(session, 4)
+    await settle()
+    assert dispatcher.of("lock") == [("lock", 4)] and door.writes() == []
+    await session.close()
+    assert dispatcher.unsent_released == [4]
+
+    session, dispatcher, door = make(QUEUE, acks_on_write=True, credit=4)
+    offer(session, 5)
+    await settle()
+    session.defer_acks()  # 6 goes into a frame the door holds for its flush ...
+    offer(session, 6)
+    await settle()
+    await session.flush_acks(written=False)  # ... which never went
+    assert dispatcher.of("lock") == [("lock", 5), ("lock", 6)]
+    await session.close()
+    assert dispatcher.unsent_released == [6]  # 5 was written: its attempt counts
 
 
 async def test_a_message_whose_lock_fails_is_not_written(ended):
