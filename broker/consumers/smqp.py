@@ -586,8 +586,7 @@ class SMQPConsumer(DoorConsumer):
             self._outstanding.popleft()
 
     async def cmd_republish(self, cmd: c.Republish) -> None:
-        published = await self._as_account(publish.republish, cmd.topic, cmd.smuid)
-        self.dispatcher.wake([published])
+        await self._as_account(publish.republish, cmd.topic, cmd.smuid)  # announces itself
         self.reply(200, "OK")
 
     async def cmd_get_message(self, cmd: c.GetMessage) -> None:
