@@ -93,6 +93,8 @@ class LockCommit:
         self._announce = announce
         self._takes: list[tuple[LockTake, asyncio.Future[bool]]] = []
         self._acks: list[tuple[LockAck, asyncio.Future[bool]]] = []
+        # settled() callers, resolved once the batch after their call has committed.
+        self._barriers: list[asyncio.Future[None]] = []
         self._runner: asyncio.Task | None = None
 
     async def take(self, request: LockTake) -> bool:
@@ -104,6 +106,16 @@ class LockCommit:
         longer held the lock (nothing changed)."""
         return await self._queue(self._acks, request)
 
+    async def settled(self) -> None:
+        """Return once every take and ACK queued before this call is settled: a release of
+        a session's locks must not reach the store before a lock it took (the lock would
+        outlive the session until its deadline)."""
+        if self._runner is None or self._runner.done():
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._barriers.append(future)
+        await future
+
     async def _queue(self, queue: list[tuple[Any, asyncio.Future[bool]]], request: Any) -> bool:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         queue.append((request, future))
@@ -112,29 +124,48 @@ class LockCommit:
         return await future
 
     async def _run(self) -> None:
+        try:
+            await self._batches()
+        finally:
+            for barrier in self._barriers:  # nothing left to wait for (or shutting down)
+                if not barrier.done():
+                    barrier.set_result(None)
+            self._barriers = []
+
+    async def _batches(self) -> None:
         while self._takes or self._acks:
             takes, self._takes = self._takes, []
             acks, self._acks = self._acks, []
+            barriers, self._barriers = self._barriers, []
             try:
                 took, acked, receipts = await self._settle([t for t, _ in takes],
                                                            [a for a, _ in acks])
             except asyncio.CancelledError:
                 for _, future in takes + acks:
                     future.cancel()
+                self._barriers += barriers
                 raise
             except Exception as exc:  # the store failed: each waiting session hears it
                 for _, future in takes + acks:
                     if not future.done():
                         future.set_exception(exc)
+                self._release(barriers)
                 continue
             for (_, future), ok in zip(takes + acks, took + acked, strict=True):
                 if not future.done():
                     future.set_result(ok)
+            self._release(barriers)
             if receipts:
                 try:
                     self._announce(receipts)
                 except Exception:
                     logger.exception("announcing receipts failed")
+
+    @staticmethod
+    def _release(barriers: list[asyncio.Future[None]]) -> None:
+        for barrier in barriers:
+            if not barrier.done():
+                barrier.set_result(None)
 
     def close(self) -> None:
         if self._runner is not None:

@@ -278,6 +278,7 @@ class Dispatcher:
         ``unsent`` were never written to the session: their attempts are given back."""
         self.claims.drop_holder(
             session_guid, None if smuids is None else [(account_id, m) for m in smuids])
+        await self.lock_commit.settled()  # after the locks it took, never before one
         self.wake(await dbthread.run(locks.release, account_id, session_guid, smuids,
                                      list(unsent)))
 

@@ -163,3 +163,24 @@ async def test_a_session_that_stops_waiting_does_not_break_the_batch():
     assert await staying is True
     with pytest.raises(asyncio.CancelledError):
         await gone
+
+
+async def test_settled_returns_once_what_was_queued_before_is_settled():
+    """A session's release waits for the locks it took: the store must see the lock
+    before the release, or the lock outlives the session."""
+    store = FakeStore()
+    commit = LockCommit(store.settle, lambda receipts: None)
+    assert await asyncio.wait_for(commit.settled(), 1) is None  # nothing queued
+    store.gate.clear()
+    first = asyncio.ensure_future(commit.take(take("a", 1)))
+    await settled(store, 1)
+    second = asyncio.ensure_future(commit.take(take("a", 2)))  # waits for the next batch
+    await asyncio.sleep(0)
+    barrier = asyncio.ensure_future(commit.settled())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not barrier.done()
+    store.gate.set()
+    await barrier
+    assert first.done() and second.done()  # both batches settled before it returned
+    assert store.locked == {1: "a", 2: "a"}
