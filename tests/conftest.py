@@ -325,16 +325,6 @@ def fresh_database(backend: str, base: Path, extra_env: dict[str, str] | None = 
         yield env
 
 
-def template_output(backend: str, extra_env: dict[str, str] | None = None,
-                    setup: str = "", accounts: tuple[str, ...] = ()) -> str:
-    """What ``setup`` printed when it made the template that :func:`fresh_database` (or
-    :func:`fresh_listener`, with its ``accounts``) copies: e.g. the tokens it created."""
-    return _TEMPLATE_OUTPUT[_template_key(backend, accounts, extra_env, setup)]
-
-
-FRESH_ACCOUNTS = ("root", "bob", "alice", "jtegen")
-
-
 @contextmanager
 def fresh_listener(backend: str, base: Path, extra_env: dict[str, str] | None = None,
                    setup: str = "") -> Iterator[BrokerProcess]:
@@ -343,7 +333,7 @@ def fresh_listener(backend: str, base: Path, extra_env: dict[str, str] | None = 
     adds settings for it. ``setup`` (Python for ``manage.py shell``, ``Account`` in scope)
     is in the database before the listener starts (made once per test process in a template,
     see :func:`fresh_database`): the listener's caches hold it from the start."""
-    accounts = FRESH_ACCOUNTS
+    accounts = ("root", "bob", "alice", "jtegen")
     with _database_copy(backend, base, extra_env, accounts, setup) as env, \
             listener(env, base, name=f"fresh-{backend}") as broker:
         broker.extra["backend"] = backend
@@ -366,10 +356,10 @@ def manage_many(env: dict[str, str], *commands: tuple[str, ...]) -> str:
 # Migrated template databases, built once per test process (xdist worker) and copied for each
 # fresh database: a SQLite file copy or a PostgreSQL ``CREATE DATABASE ... TEMPLATE`` takes well
 # under a second, where ``migrate`` in a new process takes 4-10 s of a loaded 2-core machine.
-# The key is (backend, accounts, the settings account creation reads); migrations read no
-# SMQP_* setting, so one migrated template serves every ``extra_env``.
+# The key is (backend, accounts, the settings account creation reads, and with a setup script
+# every setting the test adds, see _template_key); migrations read no SMQP_* setting, so one
+# migrated template serves every ``extra_env``.
 _TEMPLATES: dict[tuple, str] = {}
-_TEMPLATE_OUTPUT: dict[tuple, str] = {}
 _TEMPLATE_PG_NAMES: list[str] = []
 _TEMPLATE_ROOT: list[Path] = []
 # Settings that differ per process by design, not per database: a template made with one
@@ -402,8 +392,8 @@ def _template(backend: str, accounts: tuple[str, ...] = (),
               extra_env: dict[str, str] | None = None, setup: str = "") -> str:
     """The URL of this process's template for ``backend``: migrated, with ``accounts`` (made
     by :func:`accounts_script`) when given, then ``setup`` run in it (Python for ``manage.py
-    shell``, its output kept for :func:`template_output`). Built on first use, each layer
-    copied from the one below, so a setup costs one process start per test process."""
+    shell``). Built on first use, each layer copied from the one below, so a setup costs one
+    process start per test process."""
     key = _template_key(backend, accounts, extra_env, setup)
     if key in _TEMPLATES:
         return _TEMPLATES[key]
@@ -412,7 +402,7 @@ def _template(backend: str, accounts: tuple[str, ...] = (),
         url, pg_name = _copy_template(backend, base, _template(backend, accounts, extra_env))
         env = {**base_env(base, url), **dict(key[2])}
         script = ("from accounts.models import Account\n" + setup) if accounts else setup
-        _TEMPLATE_OUTPUT[key] = run_manage(env, "shell", "--no-imports", "-c", script).stdout
+        run_manage(env, "shell", "--no-imports", "-c", script)
     elif accounts:
         url, pg_name = _copy_template(backend, base, _template(backend))
         env = {**base_env(base, url), **dict(key[2])}
