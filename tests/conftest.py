@@ -36,8 +36,17 @@ def pytest_configure(config) -> None:
             config.option.timeout = float(ini) * SLOWDOWN
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(items) -> None:
-    """... and the per-test ``timeout`` marks."""
+    """A test that uses a module-scoped fixture (a broker or stack for the module, started
+    once per backend) runs on the worker that runs the module's other tests on that backend:
+    ``--dist loadgroup`` (``make test``) then starts that broker once, not once per worker
+    that happened to get one of its tests. And ``SMQP_TEST_SLOWDOWN`` scales the per-test
+    ``timeout`` marks."""
+    for item in items:
+        group = _module_group(item)
+        if group and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if SLOWDOWN == 1:
         return
     for item in items:
@@ -45,6 +54,25 @@ def pytest_collection_modifyitems(items) -> None:
         if mark is not None and mark.args:
             item.add_marker(pytest.mark.timeout(scaled(mark.args[0]), **mark.kwargs),
                             append=False)
+
+
+def _module_group(item) -> str | None:
+    """``path::param-param`` for a test that uses a module-scoped fixture (the params are
+    those of its module-scoped fixtures, e.g. the backend), else None."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    scoped, ids = False, []
+    for name in item.fixturenames:
+        defs = info.name2fixturedefs.get(name)
+        if defs and defs[-1].scope == "module":
+            scoped = True
+            if name in params:
+                ids.append(str(params[name]))
+    if not scoped:
+        return None
+    return item.nodeid.split("::", 1)[0] + ("::" + "-".join(ids) if ids else "")
 
 
 @pytest.fixture(autouse=True)
@@ -88,6 +116,23 @@ def run_manage(env: dict[str, str], *args: str, check: bool = True) -> subproces
         command = " ".join(args)
         raise AssertionError(f"manage.py {command} failed:\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def query_database(env: dict[str, str], sql: str, params: tuple = ()) -> list[tuple]:
+    """The rows of one SQL query on the database of ``env`` (its ``DATABASE_URL``), read
+    straight from this process: a check of what a server stored, without the ~2 s of CPU a
+    ``manage.py shell`` start costs. ``%s`` placeholders on both backends."""
+    url = env["DATABASE_URL"]
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"),
+                                                timeout=scaled(30))) as conn:
+            return conn.execute(sql.replace("%s", "?"), params).fetchall()
+    import psycopg
+
+    with psycopg.connect(url.replace("postgres://", "postgresql://", 1)) as conn:
+        return conn.execute(sql, params).fetchall()
 
 
 def base_env(var_dir: Path, database_url: str) -> dict[str, str]:
@@ -269,23 +314,27 @@ def _fresh_database(backend: str, base: Path) -> tuple[str, str | None]:
 
 
 @contextmanager
-def fresh_database(backend: str, base: Path,
-                   extra_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+def fresh_database(backend: str, base: Path, extra_env: dict[str, str] | None = None,
+                   setup: str = "") -> Iterator[dict[str, str]]:
     """A new, migrated database for ``backend`` (dropped afterwards): the environment of a
     process that uses it (``base_env`` plus ``extra_env``). It is a copy of this process's
-    migrated template (see :func:`_template`), not a new ``migrate``."""
-    with _database_copy(backend, base, extra_env, accounts=()) as env:
+    migrated template (see :func:`_template`), not a new ``migrate``. ``setup`` (Python for
+    ``manage.py shell``) has been run in it: once per test process, in the template, so a
+    test that needs a fresh database made by the same setup pays no process start for it."""
+    with _database_copy(backend, base, extra_env, accounts=(), setup=setup) as env:
         yield env
 
 
 @contextmanager
-def fresh_listener(backend: str, base: Path,
-                   extra_env: dict[str, str] | None = None) -> Iterator[BrokerProcess]:
+def fresh_listener(backend: str, base: Path, extra_env: dict[str, str] | None = None,
+                   setup: str = "") -> Iterator[BrokerProcess]:
     """A listener on a database of its own (``backend``), with the superuser ``root`` and
     the plain accounts ``bob``, ``alice`` and ``jtegen`` (password ``pw``); ``extra_env``
-    adds settings for it."""
+    adds settings for it. ``setup`` (Python for ``manage.py shell``, ``Account`` in scope)
+    is in the database before the listener starts (made once per test process in a template,
+    see :func:`fresh_database`): the listener's caches hold it from the start."""
     accounts = ("root", "bob", "alice", "jtegen")
-    with _database_copy(backend, base, extra_env, accounts) as env, \
+    with _database_copy(backend, base, extra_env, accounts, setup) as env, \
             listener(env, base, name=f"fresh-{backend}") as broker:
         broker.extra["backend"] = backend
         yield broker
@@ -307,11 +356,15 @@ def manage_many(env: dict[str, str], *commands: tuple[str, ...]) -> str:
 # Migrated template databases, built once per test process (xdist worker) and copied for each
 # fresh database: a SQLite file copy or a PostgreSQL ``CREATE DATABASE ... TEMPLATE`` takes well
 # under a second, where ``migrate`` in a new process takes 4-10 s of a loaded 2-core machine.
-# The key is (backend, accounts, the settings account creation reads); migrations read no
-# SMQP_* setting, so one migrated template serves every ``extra_env``.
+# The key is (backend, accounts, the settings account creation reads, and with a setup script
+# every setting the test adds, see _template_key); migrations read no SMQP_* setting, so one
+# migrated template serves every ``extra_env``.
 _TEMPLATES: dict[tuple, str] = {}
 _TEMPLATE_PG_NAMES: list[str] = []
 _TEMPLATE_ROOT: list[Path] = []
+# Settings that differ per process by design, not per database: a template made with one
+# value serves every other (the channel and cache prefixes, a Celery queue of the test's own).
+_PER_PROCESS_SETTINGS = ("SMQP_CHANNEL_PREFIX", "SMQP_CACHE_PREFIX", "SMQP_CELERY_QUEUE")
 
 
 def _template_key_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -320,18 +373,37 @@ def _template_key_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
                         if k in ("SMQP_PBKDF2_ITERATIONS", "SMQP_SERVER_CONTEXT")))
 
 
-def _template(backend: str, accounts: tuple[str, ...] = (),
-              extra_env: dict[str, str] | None = None) -> str:
-    """The URL of this process's template for ``backend``: migrated, and with ``accounts``
-    (made by :func:`accounts_script`) when given. Built on first use."""
+def _template_key(backend: str, accounts: tuple[str, ...], extra_env: dict[str, str] | None,
+                  setup: str) -> tuple:
+    """Accounts read the password settings only; a setup script may read any setting, so a
+    template made by one is keyed by every setting the test adds (but the per-process ones)."""
     if not _TEMPLATE_ROOT:
         _TEMPLATE_ROOT.append(Path(tempfile.mkdtemp(prefix="smqp-templates-")))
     probe = {**base_env(_TEMPLATE_ROOT[0], ""), **(extra_env or {})}
-    key = (backend, accounts, _template_key_env(probe) if accounts else ())
+    settings = _template_key_env(probe) if accounts or setup else ()
+    if setup:
+        settings = tuple(sorted({**dict(settings), **{
+            k: v for k, v in (extra_env or {}).items() if k not in _PER_PROCESS_SETTINGS}}
+            .items()))
+    return (backend, accounts, settings, setup)
+
+
+def _template(backend: str, accounts: tuple[str, ...] = (),
+              extra_env: dict[str, str] | None = None, setup: str = "") -> str:
+    """The URL of this process's template for ``backend``: migrated, with ``accounts`` (made
+    by :func:`accounts_script`) when given, then ``setup`` run in it (Python for ``manage.py
+    shell``). Built on first use, each layer copied from the one below, so a setup costs one
+    process start per test process."""
+    key = _template_key(backend, accounts, extra_env, setup)
     if key in _TEMPLATES:
         return _TEMPLATES[key]
     base = Path(tempfile.mkdtemp(prefix=f"{backend}-", dir=_TEMPLATE_ROOT[0]))
-    if accounts:
+    if setup:
+        url, pg_name = _copy_template(backend, base, _template(backend, accounts, extra_env))
+        env = {**base_env(base, url), **dict(key[2])}
+        script = ("from accounts.models import Account\n" + setup) if accounts else setup
+        run_manage(env, "shell", "--no-imports", "-c", script)
+    elif accounts:
         url, pg_name = _copy_template(backend, base, _template(backend))
         env = {**base_env(base, url), **dict(key[2])}
         run_manage(env, "shell", "--no-imports", "-c", accounts_script(*accounts))
@@ -381,10 +453,11 @@ def _copy_template(backend: str, base: Path, template_url: str) -> tuple[str, st
 
 @contextmanager
 def _database_copy(backend: str, base: Path, extra_env: dict[str, str] | None,
-                   accounts: tuple[str, ...]) -> Iterator[dict[str, str]]:
+                   accounts: tuple[str, ...], setup: str = "") -> Iterator[dict[str, str]]:
     import psycopg
 
-    url, pg_name = _copy_template(backend, base, _template(backend, accounts, extra_env))
+    url, pg_name = _copy_template(backend, base,
+                                  _template(backend, accounts, extra_env, setup))
     env = {**base_env(base, url), **(extra_env or {})}
     _secret_key(base)
     try:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,10 +50,9 @@ def api_stack(backend: str, base: Path, setup: str = "",
                          accounts_script(*users) + setup + _tokens_script(users)).stdout
         tokens = dict(line.split()[1:3] for line in out.splitlines()
                       if line.startswith("TOKEN "))
+        # Both start after the setup: their caches hold it from the start.
         with listener(env, base, name=f"api-{backend}") as smqp, daphne(env, base) as url:
-            stack = ApiStack(url, smqp, env, tokens)
-            time.sleep(scaled(1.2))  # the listener's caches hear of the setup within a second
-            yield stack
+            yield ApiStack(url, smqp, env, tokens)
 
 
 def _tokens_script(users: tuple[str, ...], name: str = "tests") -> str:

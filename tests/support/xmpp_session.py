@@ -58,12 +58,12 @@ XMPP_EXTRA = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT
 
 @contextmanager
 def xmpp_stack(backend: str, base: Path, setup: str) -> Iterator[tuple[BrokerProcess, str]]:
-    """A listener on a fresh database of ``backend``, ``setup`` run in it, and Daphne beside
-    it: (the listener, Daphne's ws:// URL)."""
-    with fresh_listener(backend, base, XMPP_EXTRA) as broker:
-        broker.manage("shell", "--no-imports", "-c", setup)
-        with daphne(broker.env, base) as url:
-            yield broker, url
+    """A listener on a fresh database of ``backend``, ``setup`` run in it (once per test
+    process: the database is a copy of a template made by it), and Daphne beside it: (the
+    listener, Daphne's ws:// URL)."""
+    with fresh_listener(backend, base, XMPP_EXTRA, setup=setup) as broker, \
+            daphne(broker.env, base) as url:
+        yield broker, url
 
 
 url_log: dict[str, Path] = {}

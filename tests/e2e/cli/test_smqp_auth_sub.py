@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, manage_many
 from tests.e2e.cli.test_smqp import broker, cli_env, smqp  # noqa: F401 (the fixture)
 from tests.support.smqp_session import Session, smuid_of
 
@@ -71,8 +71,8 @@ def test_sub_with_a_selector_and_a_lease(broker):  # noqa: F811
 def test_sub_warns_about_messages_of_other_subscriptions(broker):  # noqa: F811
     with Session(broker.host, broker.port, "root") as root:
         assert root.command("CREATE TOPIC /other").code == 200
-    broker.manage("grant", "alice", "/other", "publish")
-    broker.manage("grant", "bob", "/other", "subscribe")
+    manage_many(broker.env, ("grant", "alice", "/other", "publish"),
+                ("grant", "bob", "/other", "subscribe"))
     time.sleep(1.2)  # the listener's UAL cache
     with Session(broker.host, broker.port, "bob") as bob:
         assert bob.command("SUB MESSAGE /other").code == 200

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fresh_database, listener, run_manage
+from tests.conftest import fresh_database, listener, query_database, run_manage
 from tests.e2e.smqp.test_storage import gone, storage_pids, wait_for
 from tests.support.smqp_session import Session, header, smuid_of
 
@@ -40,11 +40,11 @@ UALEntry.objects.create(topic=j, principal_kind='account',
 
 def delivery_state(env: dict[str, str], smuid: int) -> str:
     """bob's delivery state of a message, read from the database itself."""
-    out = run_manage(env, "shell", "--no-imports", "-c",
-                     "from broker.models import Delivery\n"
-                     f"print(Delivery.objects.get(account__username='bob', message_id={smuid})"
-                     ".state)")
-    return out.stdout.strip()
+    [(state,)] = query_database(
+        env, "SELECT d.state FROM broker_delivery d JOIN accounts_account a"
+             " ON a.id = d.account_id WHERE a.username = %s AND d.message_id = %s",
+        ("bob", smuid))
+    return state
 
 
 def journal_files(var: Path) -> list[Path]:
@@ -73,8 +73,7 @@ def deliver_one(broker, bob: Session, body: str) -> int:
 @pytest.mark.parametrize("recovered_by", ["restart", "celery task"])
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_an_ack_in_the_journal_only_is_never_delivered_again(backend, recovered_by, tmp_path):
-    with fresh_database(backend, tmp_path) as env:
-        run_manage(env, "shell", "--no-imports", "-c", SETUP)
+    with fresh_database(backend, tmp_path, setup=SETUP) as env:
         with listener(env, tmp_path, name="j1") as broker:
             with subscribed_bob(broker) as bob:
                 smuid = deliver_one(broker, bob, "first")
@@ -120,8 +119,7 @@ def test_an_ack_in_the_journal_only_is_never_delivered_again(backend, recovered_
 def test_other_ack_settings_deliver_once(settings, tmp_path):
     """Without the journal (310 ACK after the commit), and with the journal flushed before
     310 ACK: delivered once, never again after a re-login or kill -9."""
-    with fresh_database("sqlite", tmp_path, settings) as env:
-        run_manage(env, "shell", "--no-imports", "-c", SETUP)
+    with fresh_database("sqlite", tmp_path, settings, setup=SETUP) as env:
         with listener(env, tmp_path, name="k1") as broker:
             with subscribed_bob(broker) as bob:
                 first = deliver_one(broker, bob, "one")

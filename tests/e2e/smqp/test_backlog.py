@@ -10,14 +10,11 @@ split by a notification.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.conftest import fresh_listener
 from tests.support.smqp_client import RawClient
 from tests.support.smqp_session import Session, header, smuid_of
-from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -47,9 +44,8 @@ tree.changed()
 def broker(request, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"backlog-{request.param}")
     with fresh_listener(request.param, base, {"SMQP_BACKLOG_PAGE": str(PAGE),
-                                                   "SMQP_GET_PAGE": str(PAGE)}) as b:
-        b.manage("shell", "--no-imports", "-c", SETUP)
-        time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
+                                                   "SMQP_GET_PAGE": str(PAGE)},
+                        setup=SETUP) as b:
         yield b
 
 

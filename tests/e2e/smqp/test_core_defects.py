@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 import uuid
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 from tests.conftest import base_env, fresh_listener, listener, run_manage
 from tests.support.smqp_client import RawClient
 from tests.support.smqp_session import Session, header, smuid_of
-from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -58,9 +56,7 @@ LIMITS = {"SMQP_MAX_CHILD_TOPICS": "6", "SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT": "5
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def broker(request, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"defects-{request.param}")
-    with fresh_listener(request.param, base, LIMITS) as b:
-        b.manage("shell", "--no-imports", "-c", SETUP)
-        time.sleep(scaled(1.2))  # the listener's caches see the set-up within a second
+    with fresh_listener(request.param, base, LIMITS, setup=SETUP) as b:
         yield b
 
 

@@ -15,10 +15,8 @@ import pytest
 
 from tests.conftest import (
     ROOT,
-    _fresh_database,
     accounts_script,
-    base_env,
-    run_manage,
+    fresh_database,
     start_listener,
     stop_listener,
 )
@@ -41,19 +39,11 @@ tree.changed()
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def env(request, tmp_path):
-    url, pg_name = _fresh_database(request.param, tmp_path)
-    environment = base_env(tmp_path, url)
-    environment["SMQP_CELERY_QUEUE"] = f"smqp-test-{uuid.uuid4().hex[:8]}"
-    run_manage(environment, "migrate", "--noinput")
-    run_manage(environment, "shell", "--no-imports", "-c", SETUP)
-    yield environment, tmp_path
-    if pg_name:
-        import psycopg
-
-        from tests.conftest import PG_ADMIN_URL
-
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+    """A database of the test's own (each test kills or shares listeners on it), copied from
+    a template the setup was run in once per test process."""
+    with fresh_database(request.param, tmp_path, setup=SETUP) as environment:
+        environment["SMQP_CELERY_QUEUE"] = f"smqp-test-{uuid.uuid4().hex[:8]}"
+        yield environment, tmp_path
 
 
 def kill9(broker) -> None:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from broker.smqp.client import NotifyMessage
+from tests.conftest import fresh_listener
 from tests.support.smqp_session import Session, header, smuid_of
 
 pytestmark = pytest.mark.e2e
@@ -41,11 +42,13 @@ allow('/bobzone', 'bob', 'manage')
 """
 
 
-@pytest.fixture(scope="module")
-def broker(fresh_broker):
-    fresh_broker.manage("shell", "--no-imports", "-c", SETUP)
-    time.sleep(1.2)  # permission caches of the running listener refresh within a second
-    return fresh_broker
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def broker(request, tmp_path_factory):
+    """The listener, started on a copy of a database the setup was made in: its caches
+    hold the setup from the start."""
+    with fresh_listener(request.param, tmp_path_factory.mktemp(f"hardening-{request.param}"),
+                        setup=SETUP) as b:
+        yield b
 
 
 def session(broker, user: str, timeout: float = 15.0) -> Session:

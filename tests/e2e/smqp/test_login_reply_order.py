@@ -8,7 +8,6 @@ login open at the racy moment is unit/delivery/test_smqp_login_reply_order."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -39,9 +38,8 @@ tree.changed()
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def broker(request, tmp_path_factory):
-    with fresh_listener(request.param, tmp_path_factory.mktemp(f"order-{request.param}")) as b:
-        b.manage("shell", "--no-imports", "-c", SETUP)
-        time.sleep(1.2)  # permission caches of the running listener refresh within a second
+    with fresh_listener(request.param, tmp_path_factory.mktemp(f"order-{request.param}"),
+                        setup=SETUP) as b:
         yield b
 
 

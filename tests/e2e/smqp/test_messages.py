@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests.conftest import fresh_listener
 from tests.support.smqp_client import RawClient
 from tests.support.smqp_session import Session, header, smuid_of
 from tests.support.timing import scaled
@@ -43,11 +44,13 @@ tree.changed()  # the update() calls above send no signals
 """
 
 
-@pytest.fixture(scope="module")
-def broker(fresh_broker):
-    fresh_broker.manage("shell", "--no-imports", "-c", SETUP)
-    time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
-    return fresh_broker
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def broker(request, tmp_path_factory):
+    """The listener, started on a copy of a database the setup was made in: its caches
+    hold the setup from the start."""
+    with fresh_listener(request.param, tmp_path_factory.mktemp(f"messages-{request.param}"),
+                        setup=SETUP) as b:
+        yield b
 
 
 def session(broker, user: str = "root") -> Session:

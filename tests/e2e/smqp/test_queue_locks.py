@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.conftest import fresh_listener
 from tests.support.queue_clients import ack_answer, deliveries_of, first_notified, smuid_in
 from tests.support.smqp_session import Session, smuid_of
 from tests.support.timing import scaled
@@ -39,11 +40,13 @@ tree.changed()  # the update() calls above send no signals
 """
 
 
-@pytest.fixture(scope="module")
-def broker(fresh_broker):
-    fresh_broker.manage("shell", "--no-imports", "-c", SETUP)
-    time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
-    return fresh_broker
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def broker(request, tmp_path_factory):
+    """The listener, started on a copy of a database the setup was made in: its caches
+    hold the setup from the start."""
+    with fresh_listener(request.param, tmp_path_factory.mktemp(f"locks-{request.param}"),
+                        setup=SETUP) as b:
+        yield b
 
 
 def session(broker, user: str = "root") -> Session:

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from broker.smqp.client import NotifyMessage, NotifySubscription
+from tests.conftest import fresh_listener
 from tests.support.queue_clients import smuid_in, store_rows
 from tests.support.smqp_session import Session, header, smuid_of
 from tests.support.timing import scaled
@@ -74,11 +75,13 @@ def _expected(user: str, i: int) -> bool:
     return 100 <= i <= 199 or i % 50 == 0 or str(i).startswith("15")
 
 
-@pytest.fixture(scope="module")
-def broker(fresh_broker):
-    fresh_broker.manage("shell", "--no-imports", "-c", SETUP)
-    time.sleep(scaled(1.2))  # permission caches of the running listener refresh within a second
-    return fresh_broker
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def broker(request, tmp_path_factory):
+    """The listener, started on a copy of a database the setup was made in: its caches
+    hold the setup from the start."""
+    with fresh_listener(request.param, tmp_path_factory.mktemp(f"selectors-{request.param}"),
+                        setup=SETUP) as b:
+        yield b
 
 
 def session(broker, user: str = "root") -> Session:

@@ -57,10 +57,9 @@ def xmpp(tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     base = tmp_path_factory.mktemp("xmpp-fuzz")
     extra = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_PBKDF2_ITERATIONS": "4096",
              "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "100000"}
-    with fresh_listener("postgres", base, extra) as broker:
-        broker.manage("shell", "--no-imports", "-c", SETUP)
-        with daphne(broker.env, base) as url:
-            yield broker, url
+    with fresh_listener("postgres", base, extra, setup=SETUP) as broker, \
+            daphne(broker.env, base) as url:
+        yield broker, url
 
 
 def mutate(frame: str, rng: random.Random) -> str:

@@ -77,11 +77,9 @@ ALICE = ("LDAP", "(&(x-region=apac)(|(priority<=1)(x-n>=900)))")
 def xmpp(request, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
     base = tmp_path_factory.mktemp("xmpp-sel")
     extra = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "1000"}
-    with fresh_listener(request.param, base, extra) as broker:
-        broker.manage("shell", "--no-imports", "-c", SETUP)
-        with daphne(broker.env, base) as url:
-            time.sleep(scaled(1.2))  # permission caches of the running listener refresh within 1 s
-            yield broker, url
+    with fresh_listener(request.param, base, extra, setup=SETUP) as broker, \
+            daphne(broker.env, base) as url:
+        yield broker, url
 
 
 def session(url: str, user: str) -> XmppSession:
