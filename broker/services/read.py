@@ -46,6 +46,24 @@ def load_for_delivery(message_ids: list[int]) -> dict[int, tuple[str, str, codec
     return out
 
 
+def load_ahead(smuid: int, count: int,
+               max_bytes: int) -> dict[int, tuple[str, str, codec.Message]]:
+    """:func:`load_for_delivery` of ``smuid`` and of the pending messages published right
+    after it, up to ``count`` of them and ``max_bytes`` of their data: a subscriber working
+    through a backlog wants those next (read-ahead, as a disk's), and one query for many
+    costs little more than one for one."""
+    ids = [smuid]
+    total = 0
+    following = Message.objects.filter(pk__gt=smuid, pk__lt=smuid + count,
+                                       state=Message.State.PENDING).order_by("pk")
+    for pk, size in following.values_list("pk", "size"):
+        total += size
+        if total > max_bytes:
+            break
+        ids.append(pk)
+    return load_for_delivery(ids)
+
+
 def backlog_for(account_ids: list[int],
                 limit: int | None = None) -> list[tuple[int, int, int]]:
     """(account, priority, smuid) of messages waiting for these accounts: not yet ACKed by

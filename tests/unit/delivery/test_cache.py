@@ -105,3 +105,24 @@ async def test_a_right_to_receive_is_remembered_a_while_and_a_refusal_never(monk
     lookups.allowed = False
     assert await payloads.deliverable(42, 10, "/t") is False
     assert lookups.calls == ["deliverable"] * 5
+
+
+async def test_a_miss_reads_ahead_and_the_next_messages_cost_no_lookup(monkeypatch):
+    """A session working through a backlog: the first message not in memory is loaded with
+    those published after it (read.load_ahead), one lookup for the lot."""
+    calls: list[tuple] = []
+
+    async def run(fn, *args):
+        calls.append((fn.__name__, *args))
+        first = args[0]
+        return {smuid: ("/q", f"c/{smuid}", message(f"m{smuid}", b"x"))
+                for smuid in range(first, first + 3)}
+
+    monkeypatch.setattr(cache.dbthread, "run", run)
+    payloads = PayloadCache()
+    assert (await payloads.load(10))[1] == "c/10"
+    assert (await payloads.load(11))[1] == "c/11"
+    assert (await payloads.load(12))[2] == message("m12", b"x")
+    assert calls == [("load_ahead", 10, cache.READ_AHEAD, cache.READ_AHEAD_BYTES)]
+    await payloads.load(13)  # past what was read ahead: a lookup of its own
+    assert [c[:2] for c in calls] == [("load_ahead", 10), ("load_ahead", 13)]

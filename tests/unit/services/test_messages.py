@@ -178,3 +178,15 @@ def test_an_ack_that_owes_no_receipt_looks_for_none():
     looked = statements_of(second.pk, receipt=True)
     assert Delivery.objects.get(account=bob, message=second).state == Delivery.State.ACKED
     assert any("returning" in s for s in looked) and any("receipt" in s for s in looked)
+
+
+def test_load_ahead_brings_the_pending_messages_after_one_within_its_bounds():
+    topic = Topic.objects.create(path="/ahead")
+    ids = held(topic, 6)
+    Message.objects.filter(pk=ids[2]).update(state=Message.State.TRASH)  # no longer waits
+    Message.objects.filter(pk=ids[4]).update(size=5_000)
+    loaded = read_service.load_ahead(ids[0], 10, max_bytes=4_000)
+    # ids[2] is not pending; ids[4] would pass the byte bound: the read-ahead stops there.
+    assert sorted(loaded) == [ids[0], ids[1], ids[3]]
+    assert loaded[ids[1]][0] == "/ahead"
+    assert sorted(read_service.load_ahead(ids[0], 2, max_bytes=10**9)) == [ids[0], ids[1]]
