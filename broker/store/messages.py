@@ -322,19 +322,7 @@ def lock_delivery(account_id: int, holder: str, smuid: int, now: datetime,
     attempt: if it is unlocked (PENDING), or locked to ``holder`` already, or its lock
     expired; if it has no more than ``max_retries`` attempts; and if the message still
     waits. Its rows (one when locked) are read by calling the result."""
-    ph = placeholder()
-    at = db_datetime(now)
-    locked = Delivery.State.NOTIFIED.value
-    return query(
-        f"UPDATE {Delivery._meta.db_table} SET state = {ph}, holder = {ph}, "
-        f"attempts = attempts + 1, last_attempt = {ph}, next_attempt = {ph} "
-        f"WHERE account_id = {ph} AND message_id = {ph} AND attempts <= {ph} "
-        f"AND (state = {ph} OR (state = {ph} AND (holder = {ph} OR next_attempt <= {ph}))) "
-        f"AND EXISTS (SELECT 1 FROM {Message._meta.db_table} m "
-        f"WHERE m.id = {Delivery._meta.db_table}.message_id AND m.state = {ph}) "
-        f"RETURNING message_id",
-        [locked, holder, at, db_datetime(deadline), account_id, smuid, max_retries,
-         Delivery.State.PENDING.value, locked, holder, at, Message.State.PENDING.value])
+    return lock_deliveries(account_id, holder, [smuid], now, deadline, max_retries)
 
 
 def lock_deliveries(account_id: int, holder: str, smuids: Sequence[int], now: datetime,
