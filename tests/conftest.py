@@ -37,14 +37,17 @@ def pytest_configure(config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
-def pytest_collection_modifyitems(items) -> None:
+def pytest_collection_modifyitems(config, items) -> None:
     """A test that uses a module-scoped fixture (a broker or stack for the module, started
     once per backend) runs on the worker that runs the module's other tests on that backend:
     ``--dist loadgroup`` (``make test``) then starts that broker once, not once per worker
     that happened to get one of its tests. And ``SMQP_TEST_SLOWDOWN`` scales the per-test
     ``timeout`` marks."""
+    # Without xdist (``-p no:xdist``: the cluster tests) its marker is unknown, and
+    # --strict-markers refuses it.
+    grouping = config.pluginmanager.hasplugin("xdist")
     for item in items:
-        group = _module_group(item)
+        group = _module_group(item) if grouping else None
         if group and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
     if SLOWDOWN == 1:
