@@ -117,12 +117,23 @@ class GroupCommit:
         self._publish_work.set()
         return future
 
-    async def ack(self, request: AckRequest) -> None:
+    async def ack(self, request: AckRequest, written: bool = False) -> None:
         """Record an ACK; returns once it is recorded, so that ``310 ACK`` may go: appended
         to the journal (and flushed, with ``SMQP_ACK_DURABILITY=full``), the database
         following in the next ACK batch; without a journal, once that batch committed.
         ``recorded`` hears of it (the dispatcher's memory of ACKs made here) as soon as it
-        is, before a flush."""
+        is, before a flush.
+
+        ``written``: the door wrote the message, and that is its delivery (profile §3); no
+        client waits for an answer. Without a journal such an ACK is not given up when its
+        batch fails (a database failover): it goes again until it commits, as journaled
+        ones do, and the session is not told of a failure it could do nothing about."""
+        if self.journal is None and written:
+            self.acked[(request.account_id, request.smuid)] = math.inf
+            self._recorded(request)
+            self._acks.append((request, None))
+            self._ack_work.set()
+            return
         if self.journal is None:
             future = asyncio.get_running_loop().create_future()
             # A backlog read running now may not see this ACK's commit: see backlog().
@@ -192,13 +203,17 @@ class GroupCommit:
                 started = self._last_ack = loop.time()
                 acks = self._acks[:MAX_BATCH]
                 del self._acks[:MAX_BATCH]
-                if await self._commit_acks(acks) or self.journal is None:
+                if await self._commit_acks(acks):
                     failures = 0
                     if self.journal is not None:
                         await self._gather_acks(started + ACK_GATHER_SECONDS - loop.time())
                     continue
-                # Journaled ACKs are not given up: they go again, first and in order.
-                self._acks[:0] = acks
+                # ACKs no client waits for (journaled, or written-is-delivered) are not
+                # given up: they go again, first and in order. The others were answered.
+                again = [entry for entry in acks if entry[1] is None]
+                if not again:
+                    continue
+                self._acks[:0] = again
                 failures += 1
                 await asyncio.sleep(min(ACK_RETRY_MAX, ACK_RETRY_SECONDS * 2 ** failures))
 

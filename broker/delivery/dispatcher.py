@@ -166,18 +166,20 @@ class Dispatcher:
         (a plain future: a session with many publishes in flight keeps no task for each)."""
         return self.commits.publish(request)
 
-    async def ack(self, request: AckRequest, session: Session | None = None) -> None:
+    async def ack(self, request: AckRequest, session: Session | None = None,
+                  written: bool = False) -> None:
         """Record an ACK (``session``'s, if a session's); returns once it is recorded, so that
         ``310 ACK`` may go: appended to the journal (and flushed, with
         ``SMQP_ACK_DURABILITY=full``), the database following in the next ACK batch; without
-        a journal, once that batch committed. The account's other sessions here then no
-        longer send it."""
+        a journal, once that batch committed (``written``: the door's write delivered it,
+        and it is retried until it commits: :meth:`.commit.GroupCommit.ack`). The account's
+        other sessions here then no longer send it."""
         if (request.account_id, request.smuid) in self._recent_acks:
             # Recorded already for the account (another of its live sessions got it too):
             # the delivery is ACKed once, and its usage event is logged once.
             await self.commits.durable()
             return
-        await self.commits.ack(request)  # (it calls _acked_here once the ACK is recorded)
+        await self.commits.ack(request, written)  # (it calls _acked_here once recorded)
         self._forget_elsewhere(request, session)
 
     def _forget_elsewhere(self, request: AckRequest, session: Session | None,

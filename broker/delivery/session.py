@@ -301,7 +301,7 @@ class SubscriberSession:
         if deferred is not None and deferred is self._deferred_acks:
             deferred.append(request)
         else:
-            await self.dispatcher.ack(request, self.handle)
+            await self.dispatcher.ack(request, self.handle, written=True)
         mailbox.acked(smuid)
 
     def _count_out(self) -> None:
@@ -323,7 +323,7 @@ class SubscriberSession:
         if written:
             self.unsent.difference_update(deferred)
             for request in acks:
-                await self.dispatcher.ack(request, self.handle)
+                await self.dispatcher.ack(request, self.handle, written=True)
 
     # ------------------------------------------------------------------ retries (client ACKs)
 

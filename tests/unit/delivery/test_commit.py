@@ -139,3 +139,29 @@ async def test_a_journaled_ack_is_recorded_before_its_batch_commits(commits, set
         assert store.acks == [[9]] and not group.journal.pending
     finally:
         group.close()
+
+
+async def test_without_a_journal_a_written_ack_goes_again_until_it_commits(commits):
+    """A written-is-delivered ACK (an XMPP fan-out item, profile §3) while the database
+    fails over: the item went, so the ACK is kept and retried, never dropped (it was dropped
+    with the failed batch, and the item stayed pending in the store while its live session
+    believed it delivered). A client's ACK in the same failed batch is answered with the
+    failure instead, and is not retried."""
+    group, heard = commits
+    store = group.storage
+    store.fail_acks = True
+    await asyncio.wait_for(group.ack(AckRequest(42, 11, 1, False), written=True), 5)
+    # Recorded at once: the account's other sessions skip it, backlog reads leave it out.
+    assert heard.recorded == [11] and group.acked == {(42, 11): float("inf")}
+    client = asyncio.ensure_future(group.ack(AckRequest(42, 12, 1, False)))
+    with pytest.raises(ServiceError):
+        await asyncio.wait_for(client, 5)
+    await asyncio.sleep(0.3)  # a few failed retries
+    assert store.acks == [] and group.queued == (0, 1)
+    store.fail_acks = False
+    for _ in range(100):
+        if store.acks:
+            break
+        await asyncio.sleep(0.05)
+    assert store.acks == [[11]]  # 11 alone: 12 failed and was answered so
+    assert group.acked.get((42, 11)) != float("inf") and (42, 12) not in group.acked

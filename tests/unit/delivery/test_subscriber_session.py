@@ -60,7 +60,7 @@ class FakeDispatcher:
         self.log.append(("lock", smuid))
         return self.lock_ok
 
-    async def ack(self, request, session=None) -> None:
+    async def ack(self, request, session=None, written=False) -> None:
         self.log.append(("ack", request.smuid))
 
     async def ack_locked(self, request, guid, session=None) -> None:
