@@ -252,7 +252,11 @@ class PublishSerializer(Body):
         return value
 
     def message(self) -> codec.Message:
-        data = self.validated_data
+        return self.to_message(self.validated_data)
+
+    @staticmethod
+    def to_message(data: dict) -> codec.Message:
+        """The message of one validated publish (a batch's items are validated as a list)."""
         return codec.Message(
             headers=[(codec.canonical_name(k), v) for k, v in data.get("headers", {}).items()],
             sections=[codec.DataSection(headers=[("Content-Type", s["content_type"])],

@@ -15,7 +15,7 @@ from datetime import date
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import permissions, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -321,11 +321,22 @@ class TopicMessagesView(APIView):
         parameters=[PATH_PARAM, OpenApiParameter(
             "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
             description="A retry with the same key gets the first result.")],
-        request=s.PublishSerializer, responses={201: s.PublishedSerializer})
+        request=PolymorphicProxySerializer(
+            "PublishOneOrMany", [s.PublishSerializer, s.PublishSerializer(many=True)], None,
+            many=False),
+        responses={201: PolymorphicProxySerializer(
+            "PublishedOneOrMany", [s.PublishedSerializer, s.PublishedSerializer(many=True)],
+            None, many=False)})
     def post(self, request: Request, path: str) -> Response:
         """PUB MESSAGE: 201 with the smuid once the message is committed; subscribers on
-        every door are woken as for an SMQP publish."""
-        serializer = s.PublishSerializer(data=request.data)
+        every door are woken as for an SMQP publish. A list of messages is one batch: all
+        of it is committed in one transaction, in list order, or none of it (the first
+        refusal answers for the batch), and the 201 lists each one's smuid."""
+        many = isinstance(request.data, list)
+        if many and not 1 <= len(request.data) <= settings.SMQP_API_PUBLISH_BATCH_MAX:
+            raise ValidationError({"non_field_errors": [
+                f"A batch holds 1 to {settings.SMQP_API_PUBLISH_BATCH_MAX} messages."]})
+        serializer = s.PublishSerializer(data=request.data, many=many)
         serializer.is_valid(raise_exception=True)
         target = topic_path(path)
         account = request.user
@@ -334,9 +345,16 @@ class TopicMessagesView(APIView):
             raise ValidationError({"Idempotency-Key": ["1 to 255 printable ASCII characters."]})
         fingerprint = hashlib.sha256(json.dumps(
             [target, request.data], sort_keys=True, default=str).encode()).hexdigest()
-        req = PublishRequest(account_id=account.pk, guid="rest", kind="MESSAGE",
-                             topic=target, cmuid=key or uuid.uuid4().hex,
-                             message=serializer.message(), peer=peer_of(request), door="rest")
+        messages = ([s.PublishSerializer.to_message(item) for item in serializer.validated_data]
+                    if many else [serializer.message()])
+        # A key names the batch: its messages' Cmuids are the key and their place in it.
+        cmuids = ([f"{key}/{i}" for i in range(len(messages))] if many and key is not None
+                  else [key] if key is not None
+                  else [uuid.uuid4().hex for _ in messages])
+        requests = [PublishRequest(account_id=account.pk, guid="rest", kind="MESSAGE",
+                                   topic=target, cmuid=cmuid, message=message,
+                                   peer=peer_of(request), door="rest")
+                    for cmuid, message in zip(cmuids, messages, strict=True)]
         with transaction.atomic():
             if key is not None:
                 first = IdempotencyKey.objects.filter(account=account, key=key).first()
@@ -346,9 +364,11 @@ class TopicMessagesView(APIView):
                     reply = Response(first.response, status=first.status)
                     reply["Idempotent-Replayed"] = "true"
                     return reply
-            published = publish_service.publish(req)
-            body = {"smuid": published.smuid, "topic": published.topic_path,
-                    "cmuid": f"{account.username}/rest/{req.cmuid}"}
+            results = publish_service.publish_all(requests)
+            bodies = [{"smuid": r.smuid, "topic": r.topic_path,
+                       "cmuid": f"{account.username}/rest/{req.cmuid}"}
+                      for r, req in zip(results, requests, strict=True)]
+            body: dict | list = bodies if many else bodies[0]
             if key is not None:
                 try:
                     with transaction.atomic():
@@ -363,7 +383,7 @@ class TopicMessagesView(APIView):
                                    409)
         # Committed: counted as the listeners count their publishes (console rates,
         # /metrics); a replayed Idempotency-Key returned above and published nothing.
-        opsmetrics.count_now("publish")
+        opsmetrics.count_now("publish", len(results))
         return Response(body, status=status.HTTP_201_CREATED)
 
 
@@ -542,7 +562,8 @@ def outcomes_data(receipts: list[str], outcomes: list[pull_service.Outcome]) -> 
 
 
 class AcksView(APIView):
-    @extend_schema(request=s.ReceiptsRequestSerializer, responses=s.ReceiptsResultSerializer)
+    @extend_schema(operation_id="receipts_ack_many", request=s.ReceiptsRequestSerializer,
+                   responses=s.ReceiptsResultSerializer)
     def post(self, request: Request) -> Response:
         """Consume the messages of several receipts in one transaction, each as its own ack
         would (once, only while its lock holds); answered per receipt, in order, once
@@ -554,7 +575,8 @@ class AcksView(APIView):
 
 
 class NacksView(APIView):
-    @extend_schema(request=s.ReceiptsRequestSerializer, responses=s.ReceiptsResultSerializer)
+    @extend_schema(operation_id="receipts_nack_many", request=s.ReceiptsRequestSerializer,
+                   responses=s.ReceiptsResultSerializer)
     def post(self, request: Request) -> Response:
         """Let the messages of several receipts go at once, each as its own nack would;
         answered per receipt, in order."""

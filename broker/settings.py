@@ -443,6 +443,8 @@ SMQP_API_TOKEN_CACHE_SECONDS = float(os.environ.get("SMQP_API_TOKEN_CACHE_SECOND
 # Items per page of a list (by default; a client may ask for up to the maximum).
 SMQP_API_PAGE_SIZE = env_int("SMQP_API_PAGE_SIZE", 50)
 SMQP_API_PAGE_MAX = env_int("SMQP_API_PAGE_MAX", 1000)
+# The most messages one batch publish (POST …/messages with a list) may hold.
+SMQP_API_PUBLISH_BATCH_MAX = env_int("SMQP_API_PUBLISH_BATCH_MAX", 1000)
 # A pull waits at most this long for a message, whatever its wait_seconds (at most 20).
 SMQP_API_PULL_MAX_WAIT = float(os.environ.get("SMQP_API_PULL_MAX_WAIT", "20"))
 # A waiting pull wakes when a message is committed for its account (the dispatcher's

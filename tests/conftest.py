@@ -29,7 +29,11 @@ PG_ADMIN_URL = os.environ.get("SMQP_TEST_PG_URL", "postgres://postgres@127.0.0.1
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config) -> None:
-    """``SMQP_TEST_SLOWDOWN`` scales the pytest-timeout limit (tests/support/timing.py)."""
+    """``SMQP_TEST_SLOWDOWN`` scales the pytest-timeout limit (tests/support/timing.py).
+    Without xdist (``-p no:xdist``) its ``xdist_group`` marker is declared here, so that a
+    module marking itself still runs under ``--strict-markers``."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        config.addinivalue_line("markers", "xdist_group(name): run with xdist's loadgroup")
     if SLOWDOWN != 1 and config.getoption("timeout", None) is None:
         ini = config.getini("timeout")
         if ini:
@@ -43,8 +47,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     ``--dist loadgroup`` (``make test``) then starts that broker once, not once per worker
     that happened to get one of its tests. And ``SMQP_TEST_SLOWDOWN`` scales the per-test
     ``timeout`` marks."""
-    # Without xdist (``-p no:xdist``: the cluster tests) its marker is unknown, and
-    # --strict-markers refuses it.
+    # Without xdist (``-p no:xdist``: the cluster tests) there is nothing to group.
     grouping = config.pluginmanager.hasplugin("xdist")
     for item in items:
         group = _module_group(item) if grouping else None

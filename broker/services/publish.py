@@ -93,6 +93,20 @@ def publish(request: PublishRequest) -> Published:
     return result
 
 
+def publish_all(requests: list[PublishRequest]) -> list[Published]:
+    """Every one of ``requests`` in one transaction, in order, or none of them: the first
+    refusal is raised and nothing is stored (a REST batch publish). Once committed, the
+    subscriber sessions of every process are told."""
+    with transaction.atomic():
+        results = publish_batch(requests)
+        for result in results:
+            if isinstance(result, ServiceError):
+                raise result  # rolls the batch back with the atomic block
+        published: list[Published] = results  # type: ignore[assignment]
+        notify.messages_committed_on_commit(published)
+    return published
+
+
 def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceError]:
     """Store a group of publishes in one transaction. Each request gets its ``Published`` or
     the ServiceError that refused it; the refused ones store nothing. Access is decided from

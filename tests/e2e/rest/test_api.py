@@ -33,11 +33,12 @@ from ual.resolution import AccessSnapshot
 snap = AccessSnapshot(Account.objects.get(username='root'))
 for p in ['/s', '/s/a', '/s/b', '/s/lp', '/s/fan', '/s/sel', '/q', '/q/work', '/q/short', '/q/nack',
           '/q/batch', '/hidden',
-          '/m', '/m/t']:
+          '/m', '/m/t', '/m/batch', '/m/cap']:
     ts.create_topic(snap, p)
 Topic.objects.filter(path__in=['/q/work', '/q/short', '/q/nack', '/q/batch']).update(
     delivery_mode='queue')
 Topic.objects.filter(path='/q/short').update(retry_timeout=1)
+Topic.objects.filter(path='/m/cap').update(max_message_count=2)
 Topic.objects.filter(path='/s/fan').update(retry_timeout=1)
 s = Topic.objects.get(path='/s')
 q = Topic.objects.get(path='/q')
@@ -261,6 +262,71 @@ def test_idempotency_key_returns_the_first_result_and_publishes_once(stack):
         stored = root.get("topics/m/t/messages", params={"limit": 1000}).json()["results"]
         assert [m["smuid"] for m in stored].count(first.json()["smuid"]) == 1
         assert len([m for m in stored if m["sections"][0].get("text") == "once"]) == 1
+
+
+def test_a_batch_publish_commits_all_in_order_or_nothing(stack):
+    """POST …/messages with a list: one transaction, smuids in list order, each message
+    delivered as a single publish's would be; a refusal of any one (the topic's queue
+    limit here) stores none of them; an Idempotency-Key replays the batch's answer."""
+    with stack.client() as root, stack.session() as sub:
+        assert sub.command("SUB MESSAGE /m/batch").code == 200
+        batch = [{"headers": {"Name": f"b{i}"}, "sections": [{"text": f"item {i}"}]}
+                 for i in range(5)]
+        reply = root.post("topics/m/batch/messages", json=batch)
+        assert reply.status_code == 201, reply.text
+        answers = reply.json()
+        assert [a["topic"] for a in answers] == ["/m/batch"] * 5
+        smuids = [a["smuid"] for a in answers]
+        assert smuids == sorted(smuids) and len(set(smuids)) == 5
+        got = []
+        for _ in range(5):
+            note = sub.message(timeout=20)
+            smuid = int(note.message.get("Smuid").rsplit("/", 1)[1])
+            got.append((smuid, note.message.get("Name")))
+            sub.ack()
+        assert got == [(m, f"b{i}") for i, m in enumerate(smuids)]
+
+        def stored(topic: str) -> list[dict]:
+            return root.get(f"topics/{topic}/messages", params={"limit": 1000}).json()["results"]
+
+        # /m/cap holds 2 pending messages at most: the third of a batch is refused, and the
+        # first two are not stored either.
+        refused = root.post("topics/m/cap/messages",
+                            json=[{"sections": [{"text": f"c{i}"}]} for i in range(3)])
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["smqp_code"] == 414
+        assert stored("m/cap") == []
+        assert root.post("topics/m/cap/messages",
+                         json=[{"sections": [{"text": f"c{i}"}]} for i in range(2)]
+                         ).status_code == 201
+        assert len(stored("m/cap")) == 2
+
+        keyed = [{"sections": [{"text": "keyed 1"}]}, {"sections": [{"text": "keyed 2"}]}]
+        first = root.post("topics/m/batch/messages", json=keyed,
+                          headers={"Idempotency-Key": "batch-1"})
+        again = root.post("topics/m/batch/messages", json=keyed,
+                          headers={"Idempotency-Key": "batch-1"})
+        assert first.status_code == again.status_code == 201
+        assert first.json() == again.json() and again.headers["Idempotent-Replayed"] == "true"
+        texts = [m["sections"][0]["text"] for m in stored("m/batch")]
+        assert texts.count("keyed 1") == texts.count("keyed 2") == 1
+
+
+def test_a_batch_publish_is_refused_as_a_single_one_would_be(stack):
+    """A batch on a topic the account may not see gets the single publish's 404; an
+    invalid item is a 400 naming it; an empty or oversized list is a 400."""
+    with stack.client("bob") as bob, stack.client() as root:
+        single = bob.post("topics/hidden/messages", json={"sections": [{"text": "x"}]})
+        many = bob.post("topics/hidden/messages", json=[{"sections": [{"text": "x"}]}])
+        assert single.status_code == many.status_code == 404
+        assert single.json()["detail"] == many.json()["detail"]
+        bad = root.post("topics/m/batch/messages",
+                        json=[{"sections": [{"text": "ok"}]}, {"bogus": 1}])
+        assert bad.status_code == 400
+        assert bad.json()["errors"] == {"1": {"bogus": ["Unknown field."]}}
+        assert root.post("topics/m/batch/messages", json=[]).status_code == 400
+        huge = [{"sections": [{"text": "x"}]}] * 1001
+        assert root.post("topics/m/batch/messages", json=huge).status_code == 400
 
 
 def test_refusals_match_smqp(stack):
