@@ -125,6 +125,18 @@ def _rest_publish(url: str, token: str, size: int) -> Callable[[int], Callable[[
     return make
 
 
+def _rest_publish_batch(url: str, token: str, size: int,
+                        batch: int) -> Callable[[int], Callable[[], bool]]:
+    body = [{"sections": [{"text": "x" * size}]}] * batch
+
+    def make(i: int) -> Callable[[], bool]:
+        client = httpx.Client(base_url=url, timeout=60,
+                              headers={"Authorization": f"Bearer {token}"})
+        return lambda: client.post("/api/v1/topics/bench/messages", json=body).status_code \
+            == 201
+    return make
+
+
 def _rest_pull_ack(url: str, token: str, sub: int, batch: int, acked: list[int],
                    target: int) -> Callable[[int], Callable[[], bool | None]]:
     def make(i: int) -> Callable[[], bool | None]:
@@ -170,6 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=256, help="payload bytes per message")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=10, help="messages per pull")
+    parser.add_argument("--publish-batch", type=int, default=50,
+                        help="messages per batch publish request (0: no batch publish run)")
     parser.add_argument("--no-rabbitmq", action="store_true")
 
 
@@ -195,6 +209,18 @@ def main(args: argparse.Namespace) -> int:
             results["rest_publish"] = {**published.summary("publish").as_dict(),
                                        "per_second": published.summary("publish").count
                                        / elapsed}
+            if args.publish_batch:
+                batched, elapsed_b = _run(args.clients, args.seconds, _rest_publish_batch(
+                    url, token, args.size, args.publish_batch), "publish")
+                summary = batched.summary("publish")
+                rows.append(_row(f"REST batch publish requests ({args.publish_batch} each)",
+                                 batched, elapsed_b, "publish"))
+                rows.append(["REST messages batch-published",
+                             summary.count * args.publish_batch, "",
+                             f"{summary.count * args.publish_batch / elapsed_b:.0f}", "", ""])
+                results["rest_publish_batch"] = {
+                    **summary.as_dict(), "batch": args.publish_batch,
+                    "messages_per_second": summary.count * args.publish_batch / elapsed_b}
             acked = [0] * args.clients
             pulled, elapsed = _run(args.clients, max(args.seconds, 30.0),
                                    _rest_pull_ack(url, token, sub, args.batch, acked,
