@@ -13,8 +13,11 @@ HAProxy in front of it all. Needs root (network namespaces; PostgreSQL runs as t
 listens on the bridge address only, on ports of its own.
 
 Everything started is recorded under the cluster directory (``/tmp/smqp-cluster``, or
-``SMQP_CLUSTER_DIR``) and ``down`` stops exactly that, then removes the namespaces and the
-bridge. The tests (tests/e2e/cluster/) drive the same :class:`LocalCluster`.
+``SMQP_CLUSTER_DIR``) and ``down`` stops that, then removes the namespaces and the bridge,
+and whatever an earlier run left that its record does not name (:class:`Leftovers`). ``up``
+removes such leftovers when they are dead, and refuses to start, naming ``make
+cluster-stop``, while a process of theirs still runs. The tests (tests/e2e/cluster/) drive
+the same :class:`LocalCluster`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -70,6 +74,103 @@ SENTINEL_DOWN_MS, SENTINEL_FAILOVER_MS = 1000, 3000
 
 class ClusterError(RuntimeError):
     pass
+
+
+# The TLS test's namespace for a peer on another host (tests/e2e/smqp/test_tls.py): one
+# this old with no process in it was left by a run that was killed (a live test's is
+# younger: it lives for one connection test).
+TEST_NS_PREFIX, TEST_NS_STALE_SECONDS = "smqpns", 600
+
+
+@dataclass
+class Leftovers:
+    """What an earlier run left on this machine (a cluster of another directory, a run
+    killed before its ``down``, a record lost): the cluster's namespaces (with the processes
+    still in them), its links (bridge, veths), processes listening on the bridge's network
+    (an etcd there would serve the new Patroni an old cluster's keys: the start then fails
+    far from its cause), and the TLS test's stale namespaces."""
+
+    namespaces: dict[str, list[int]]
+    links: list[str]
+    listeners: list[tuple[str, int, str]]  # (address:port, pid, command)
+    test_namespaces: list[str]
+
+    @classmethod
+    def find(cls) -> Leftovers:
+        namespaces, test_namespaces = {}, []
+        for name in _netns_names():
+            if name.startswith(PREFIX + "-"):
+                namespaces[name] = _netns_pids(name)
+            elif name.startswith(TEST_NS_PREFIX) and not _netns_pids(name):
+                with contextlib.suppress(OSError):
+                    age = time.time() - os.stat(f"/run/netns/{name}").st_mtime
+                    if age > TEST_NS_STALE_SECONDS:
+                        test_namespaces.append(name)
+        links = [name for name in _link_names() if name.startswith(PREFIX)]
+        return cls(namespaces, links, _listeners(f"{NET}."), test_namespaces)
+
+    @property
+    def running(self) -> list[str]:
+        """Its live processes, described (empty: nothing of it runs)."""
+        return ([f"{command} (pid {pid}) on {address}" for address, pid, command
+                 in self.listeners]
+                + [f"{len(pids)} processes in namespace {name}"
+                   for name, pids in self.namespaces.items() if pids])
+
+    def __bool__(self) -> bool:
+        return bool(self.namespaces or self.links or self.listeners or self.test_namespaces)
+
+    def __str__(self) -> str:
+        return ", ".join([*self.running, *(f"namespace {n}" for n in self.namespaces),
+                          *(f"link {n}" for n in self.links),
+                          *(f"namespace {n}" for n in self.test_namespaces)])
+
+    def remove(self, grace: float = 10) -> None:
+        """Stop its processes (SIGTERM, SIGKILL after ``grace`` seconds), then remove its
+        namespaces and links."""
+        pids = {pid for _, pid, _ in self.listeners}
+        pids.update(pid for ns_pids in self.namespaces.values() for pid in ns_pids)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(LocalCluster._alive(p) for p in pids):
+                time.sleep(0.2)
+        for name in [*self.namespaces, *self.test_namespaces]:
+            _run("ip", "netns", "del", name, check=False)
+        for name in self.links:
+            _run("ip", "link", "del", name, check=False)
+
+
+def _netns_names() -> list[str]:
+    out = _run("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _netns_pids(name: str) -> list[int]:
+    return [int(p) for p in _run("ip", "netns", "pids", name, check=False).stdout.split()]
+
+
+def _link_names() -> list[str]:
+    """The links of the root namespace ("smqpc-n1@if2" is a veth named smqpc-n1)."""
+    out = _run("ip", "-o", "link", "show", check=False).stdout
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()
+            if line.count(":") >= 2]
+
+
+def _listeners(prefix: str) -> list[tuple[str, int, str]]:
+    """(address:port, pid, command) of the TCP sockets listening on addresses starting with
+    ``prefix`` in the root namespace (``ss``)."""
+    found = []
+    out = _run("ss", "-Htlnp", check=False).stdout
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or not fields[3].startswith(prefix):
+            continue
+        for command, pid in re.findall(r'\("([^"]*)",pid=(\d+)', fields[5]):
+            found.append((fields[3], int(pid), command))
+    return found
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -232,6 +333,7 @@ class LocalCluster:
                 raise ClusterError(f"{tool} is missing (make cluster installs it)")
         if self.state_path.exists():
             self.down()
+        self._clear_leftovers()
         self.base.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o755)
         for sub in ("logs", "shared/reports", "redis", "etcd", "haproxy"):
@@ -251,6 +353,22 @@ class LocalCluster:
         except BaseException:
             self.down(keep_logs=True)
             raise
+
+    def _clear_leftovers(self) -> None:
+        """Another cluster still running here (started from another directory, or its record
+        lost) would share the bridge, its addresses and its ports with this one: refused.
+        What a killed run left dead is removed."""
+        left = Leftovers.find()
+        if left.running:
+            raise ClusterError(
+                "an earlier local cluster is still running: " + "; ".join(left.running)
+                + ". Stop it first with `make cluster-stop` (python -m deploy.local down).")
+        if left:
+            print(f"removing what an earlier run left: {left}", file=sys.stderr)
+            left.remove()
+            if Leftovers.find():
+                raise ClusterError(f"could not remove what an earlier run left "
+                                   f"({Leftovers.find()}); try `make cluster-stop`")
 
     def _network(self) -> None:
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -574,6 +692,9 @@ class LocalCluster:
             _run("ip", "link", "del", node.veth, check=False)
             _run("ip", "netns", "del", node.netns, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
+        # What this record does not name: another directory's cluster, a run killed before
+        # its down, the TLS test's stale namespaces (the next up would meet them).
+        Leftovers.find().remove()
         self.procs = {}
         kept = self.base.with_name(self.base.name + "-logs")
         shutil.rmtree(kept, ignore_errors=True)

@@ -382,6 +382,9 @@ class XMPPConsumer(DoorConsumer):
         resource = cmd.resource or uuid.uuid4().hex[:12]
         if not RESOURCE_OK.match(resource):
             raise s.IqFault("bad-request", text="resource")
+        # Nothing is delivered before the ACKs of what is written can commit (the storage
+        # processes of this web process start with its first stream).
+        await get_dispatcher().storage_ready()
         session = await dbthread.run(self._begin_session, account)
         if self._ended:  # the transport ended while the session began
             await dbthread.run(auth_service.end_session, session)

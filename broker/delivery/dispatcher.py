@@ -22,6 +22,7 @@ before its NOTIFY, and its ACK is decided against that lock in the database at o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
@@ -48,6 +49,8 @@ from .wakeups import WakeUps
 __all__ = ["Dispatcher", "Session", "get_dispatcher", "process_role", "recover_journals",
            "shutdown"]
 
+# Longest a door's first session waits for the storage processes (Dispatcher.storage_ready).
+STORAGE_READY_SECONDS = 5.0
 # How long an ACK by a session of this process keeps the message from being offered to its
 # account again here, and at most how many are kept (see Dispatcher.offer).
 RECENT_ACK_SECONDS = 60.0
@@ -95,11 +98,26 @@ class Dispatcher:
                              first_sweep=wakeups.PEER_STARTUP_SECONDS)
         self.claims = Claims(asyncio.get_running_loop().time)
         self.lock_commit = LockCommit(self._settle_locks, self.wake)
+        self._storage_ready: asyncio.Future[None] | None = None
 
     @property
     def storage(self) -> Storage:
         """The storage processes the group commit runs in (:mod:`broker.store.lanes`)."""
         return self.commits.storage
+
+    async def storage_ready(self, timeout: float = STORAGE_READY_SECONDS) -> None:
+        """Returns once the storage processes serve (at most ``timeout`` seconds; then the
+        first batch waits for them). For a door whose process did not wait for them at its
+        start (XMPP in Daphne, where the dispatcher begins with the first stream): they load
+        Django first, seconds on a busy machine, and a fan-out item written meanwhile had
+        its ACK queued that long; a PostgreSQL failover then found it pending, and another
+        node sent it again (issue 37)."""
+        if self._storage_ready is None:
+            self._storage_ready = asyncio.ensure_future(self.storage.ready())
+        # Waiting is the point, not the outcome: a storage process that fails to start is
+        # started again by the first batch, which says what went wrong.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self._storage_ready), timeout)
 
     # ------------------------------------------------------------------ sessions
 

@@ -43,8 +43,9 @@ class Mailbox:
     (the dispatcher's (topic path, Cmuid header, message)); the mailbox only keeps it."""
 
     __slots__ = ("_horizon", "_live", "_locks", "_max_retries", "_paged_in_pass", "_queued",
-                 "_skip", "_waiting", "_withdrawn", "attempts", "inflight", "inflight_locked",
-                 "inflight_payload", "page_size", "preparing", "retry_deadline")
+                 "_skip", "_unrecorded", "_waiting", "_withdrawn", "attempts", "inflight",
+                 "inflight_locked", "inflight_payload", "page_size", "preparing",
+                 "retry_deadline")
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
@@ -73,6 +74,10 @@ class Mailbox:
         self.retry_deadline: float | None = None  # when it is sent again without an ACK
         self._max_retries = 0
         self._locks: dict[int, float] = {}  # smuid → lock deadline (queue mode)
+        # Written is delivered (XMPP): written, its ACK held back until the door's flush.
+        # The store still has it pending meanwhile, so a backlog read or a late wake-up
+        # offers it again: refused until the ACK is recorded (issue 37).
+        self._unrecorded: set[int] = set()
 
     # ------------------------------------------------------------------ offers
 
@@ -88,6 +93,8 @@ class Mailbox:
                 self._skip.discard(smuid)
                 return self.inflight is None
             return False
+        if smuid in self._unrecorded:
+            return False  # delivered here already (see delivered())
         if smuid == self.preparing or (smuid == self.inflight and not self.lock_lost):
             # (A lost message may come back to this account: queued for after its answer.)
             return False
@@ -234,6 +241,17 @@ class Mailbox:
             return
         self.inflight = self.inflight_payload = self.retry_deadline = None
         self.inflight_locked = False
+
+    def delivered(self, smuid: int) -> None:
+        """Written-is-delivered doors: ``smuid`` was written, and its ACK waits (for the
+        door's flush): not to be queued again until :meth:`recorded`."""
+        self._unrecorded.add(smuid)
+
+    def recorded(self, smuids: Sequence[int]) -> None:
+        """The ACKs of these delivered messages are recorded (the dispatcher leaves them out
+        of backlog reads and wake-ups from now on), or were never made (the flush failed:
+        they were not delivered, and may go again)."""
+        self._unrecorded.difference_update(smuids)
 
     @property
     def lock_lost(self) -> bool:

@@ -300,6 +300,7 @@ class SubscriberSession:
                                          ack_service.may_want_receipt(message), self.door_name)
         if deferred is not None and deferred is self._deferred_acks:
             deferred.append(request)
+            mailbox.delivered(smuid)  # not offered again before flush_acks() (issue 37)
         else:
             await self.dispatcher.ack(request, self.handle, written=True)
         mailbox.acked(smuid)
@@ -320,10 +321,15 @@ class SubscriberSession:
         written meanwhile stay unACKed (they are sent again, never lost)."""
         acks, self._deferred_acks = self._deferred_acks or [], None
         deferred, self._unsent_deferred = self._unsent_deferred, []
-        if written:
-            self.unsent.difference_update(deferred)
-            for request in acks:
-                await self.dispatcher.ack(request, self.handle, written=True)
+        try:
+            if written:
+                self.unsent.difference_update(deferred)
+                for request in acks:
+                    await self.dispatcher.ack(request, self.handle, written=True)
+        finally:
+            # Recorded now (the dispatcher leaves them out of what it offers), or not
+            # delivered after all: the mailbox need not keep them out any more.
+            self.mailbox.recorded([request.smuid for request in acks])
 
     # ------------------------------------------------------------------ retries (client ACKs)
 

@@ -46,3 +46,39 @@ def test_every_live_session_of_an_account_gets_every_live_item(xmpp):  # noqa: F
             assert got == ids, (s.jid, got)
     for s in (pub, r1, r2):
         s.close()
+
+
+BACKLOG = 300
+
+
+def test_a_backlog_read_on_a_new_stream_sends_no_item_twice(xmpp):  # noqa: F811
+    """Issue 37: a subscriber comes back to a backlog and subscribes at once after binding
+    (as the cluster test's clients do): the bind's page is being written while the
+    subscribe's stanza reads the backlog again, the written items' ACKs waiting for that
+    stanza's flush. Every item comes once. An item published after them all comes after
+    any item queued again (the mailbox sends in smuid order), so it ends the wait."""
+    _, url = xmpp
+    pub = session(url, "alice")
+    path = node()
+    create(pub, path)
+    sub = session(url, "jtegen", resource="before")
+    ok(subscribe(sub, path))
+    sub.close()
+    ids = [f"b{i}" for i in range(BACKLOG)]
+    _publish_back_to_back(pub, path, ids)
+    sub = session(url, "jtegen", resource="after")
+    subscribed = subscribe_iq(sub, path)
+    ok(sub.reply(subscribed))
+    seen = [i.get("id") for _, i in (sub.event("item", node=path) for _ in ids)]
+    _publish_back_to_back(pub, path, ["last"])
+    while seen[-1] != "last":
+        seen.append(sub.event("item", node=path)[1].get("id"))
+    assert sorted(seen[:-1]) == sorted(ids), [i for i in seen if seen.count(i) > 1][:20]
+    for s in (pub, sub):
+        s.close()
+
+
+def subscribe_iq(s: XmppSession, path: str) -> str:
+    """Send a subscribe without waiting for its answer: its IQ id."""
+    return s.send_iq("set", f"<pubsub xmlns='{PUBSUB}'><subscribe node='{path}' "
+                            f"jid='{s.jid.split('/')[0]}'/></pubsub>")

@@ -498,3 +498,19 @@ def test_unacked_counts_the_message_in_flight_and_the_locks_held():
     assert box.unacked == 3
     box.unlock(7)
     assert box.unacked == 2
+
+
+def test_a_delivered_message_is_not_queued_again_until_its_ack_is_recorded():
+    """Written is delivered (XMPP), its ACK held for the door's flush: a backlog page or a
+    wake-up that offers it meanwhile does not queue it again (issue 37); once recorded
+    (or the flush failed: not delivered), an offer queues it as any other."""
+    mailbox = Mailbox(PAGE)
+    mailbox.offer(1, 7)
+    assert drain(mailbox) == [7]
+    mailbox.delivered(7)
+    assert not mailbox.page(rows((1, 7)), False)
+    assert not mailbox.offer(1, 7, live=True)
+    assert drain(mailbox) == []
+    mailbox.recorded([7])
+    assert mailbox.offer(1, 7)
+    assert drain(mailbox) == [7]

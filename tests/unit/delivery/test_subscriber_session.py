@@ -466,3 +466,32 @@ async def test_a_write_that_outlasts_the_door_s_flush_is_acked_itself(ended):
     await settle()
     assert dispatcher.of("ack") == [("ack", 1)]
     await session.close()
+
+
+async def test_a_backlog_read_before_the_flush_does_not_send_a_written_item_again(ended):
+    """Issue 37 (XMPP fan-out items twice on one stream after a reconnect): a stanza (the
+    subscribe after the bind) reads the backlog while the pump writes the previous page
+    into that stanza's frames, their ACKs deferred to its flush. The store still holds them
+    pending (nothing recorded their ACK yet), and so does a wake-up replayed meanwhile:
+    neither may send them again. After a flush that failed, they may go again."""
+    session, dispatcher, door = make(acks_on_write=True)
+    session.defer_acks()
+    offer(session, 1, 2)
+    await settle()
+    assert door.writes() == [1, 2] and dispatcher.of("ack") == []
+    dispatcher.backlog_pages.append(([(ACCOUNT, 1, 1), (ACCOUNT, 1, 2), (ACCOUNT, 1, 3)],
+                                     False))
+    await session.read_backlog()
+    offer(session, 2)  # a wake-up that comes late
+    await settle()
+    assert door.writes() == [1, 2, 3]
+    await session.flush_acks(written=True)
+    assert dispatcher.of("ack") == [("ack", 1), ("ack", 2), ("ack", 3)]
+    session.defer_acks()
+    offer(session, 4)
+    await settle()
+    await session.flush_acks(written=False)  # the frame did not go: not delivered
+    offer(session, 4)
+    await settle()
+    assert door.writes() == [1, 2, 3, 4, 4]
+    await session.close()
