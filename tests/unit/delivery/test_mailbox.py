@@ -492,9 +492,10 @@ def test_unacked_counts_the_message_in_flight_and_the_locks_held():
     box.lock(7, 100.0)
     box.lock(8, 100.0)
     assert box.unacked == 2
-    box.inflight = 8  # in flight under its lock: counted once
+    box.send(8, "p8", locked=True)  # in flight under its lock: counted once
     assert box.unacked == 2
-    box.inflight = 9  # a fan-out message in flight, no lock
+    box.acked(8)  # the lock stays until the door unlocks it
+    box.send(9, "p9")  # a fan-out message in flight, no lock
     assert box.unacked == 3
     box.unlock(7)
     assert box.unacked == 2
