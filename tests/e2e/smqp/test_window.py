@@ -217,6 +217,39 @@ def test_the_window_is_1_to_max_window_as_the_login_reply_says(broker):
         assert bob.command("UNSUB *").code == 200
 
 
+def test_a_set_notify_port_connection_takes_acks_by_smuid(broker):
+    """With SET NOTIFY PORT the window's NOTIFYs and their ACKs travel on the client's own
+    listener connection; ``310 ACK <smuid>`` is read there too."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(10)
+    with listener, session(broker, "bob") as bob, session(broker) as pub:
+        assert bob.command("SUB MESSAGE /w/e").code == 200
+        assert bob.command("SET NOTIFY WINDOW 2").code == 200
+        assert bob.command(f"SET NOTIFY PORT {listener.getsockname()[1]}").code == 200
+        channel, _ = listener.accept()
+        with channel:
+            channel.settimeout(10)
+            sent = [smuid_of(pub.publish("/w/e", f"P{i}")) for i in range(2)]
+            data = b""
+            while data.count(b"\r\n.\r\n") < 2:
+                data += channel.recv(65536)
+            for smuid in sent:
+                assert b"/%d\r\n" % smuid in data
+            channel.sendall(f"310 ACK {sent[1]}\r\n".encode())
+            assert channel.recv(100) == b"310 ACK\r\n"
+            channel.sendall(f"310 ACK {sent[1]}\r\n".encode())
+            assert channel.recv(100).startswith(b"409 ")
+            channel.sendall(b"310 ACK x\r\n")
+            assert channel.recv(100) == b"400 Bad request (invalid smuid)\r\n"
+            channel.sendall(b"310 ACK\r\n")  # the oldest: sent[0]
+            assert channel.recv(100) == b"310 ACK\r\n"
+        assert bob.command("UNSUB *").code == 200
+
+
 def test_listener_log_is_clean(broker):
     assert broker.alive()
     assert "Traceback" not in broker.log(), broker.log()[-3000:]
