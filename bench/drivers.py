@@ -69,7 +69,8 @@ class BrokerSpec:
     #: SMQP over TLS (SMQPS): the CA file that signed the server's certificate.
     tls_ca: str = ""
     #: Deliveries a subscriber may hold unacknowledged: RabbitMQ's prefetch, the NATS pull
-    #: batch (SMQP: one, the draft's behaviour; MQTT: the broker's in-flight limit).
+    #: batch, SMQP's SET NOTIFY WINDOW (1: the draft's behaviour; MQTT: the broker's in-flight
+    #: limit).
     window: int = 1
 
     @property
@@ -306,7 +307,9 @@ class SMQPPublisher(Publisher):
 
 
 class SMQPSubscriber(Subscriber):
-    """``SUB MESSAGE <topic>``; every ``NOTIFY MESSAGE`` is answered with ``310 ACK``."""
+    """``SUB MESSAGE <topic>``; every ``NOTIFY MESSAGE`` is answered with ``310 ACK``. With a
+    window above 1 (``SET NOTIFY WINDOW``, profile §9.7) the ACKs stay bare: each answers the
+    oldest unacknowledged message, which is the one just received, as they come in order."""
 
     def __init__(self, spec: BrokerSpec) -> None:
         super().__init__()
@@ -326,6 +329,11 @@ class SMQPSubscriber(Subscriber):
                                        REPLY_TIMEOUT)
         if not reply.ok:
             raise SMQPCommandError(f"SUB MESSAGE {self.spec.target}", reply)
+        if self.spec.window > 1:
+            line = f"SET NOTIFY WINDOW {self.spec.window}"
+            reply = await asyncio.wait_for(client.command(line), REPLY_TIMEOUT)
+            if not reply.ok:
+                raise SMQPCommandError(line, reply)
         self._reader_task = asyncio.create_task(self._read_loop())
 
     async def _read_loop(self) -> None:

@@ -45,6 +45,10 @@ publisher and the subscriber is a smaller part of every round trip: with the sta
 library's loop, a bare ping-pong between two processes costs twice as much as with uvloop on
 this machine.
 
+SMQP's subscriber runs with each ``--smqp-window`` (1 and 64): ``SET NOTIFY WINDOW n``
+(profile §9.7) lets n NOTIFY MESSAGEs go before their ACKs, as RabbitMQ's prefetch does;
+``smqp-<db>-w64`` runs ``e2e`` and ``latency`` only (publishing does not depend on it).
+
 Peers (each when it answers on its usual port; ``--no-rabbitmq``, ``--no-nats``,
 ``--no-mosquitto`` leave one out), with the SMQP semantics as far as each has them:
 
@@ -946,8 +950,11 @@ def smqp_stored_count(host: str, port: int, topic: str) -> int | None:
         return None
 
 
-def smqp_target(broker: RunningBroker, tls: tuple[int, str] | None = None) -> Target:
-    """The broker's plain listener, or with ``tls`` = (SMQPS port, CA file) its TLS one."""
+def smqp_target(broker: RunningBroker, tls: tuple[int, str] | None = None, window: int = 1,
+                first: bool = True) -> Target:
+    """The broker's plain listener, or with ``tls`` = (SMQPS port, CA file) its TLS one;
+    ``window``: the subscriber's SET NOTIFY WINDOW (a run other than the ``first`` of a
+    listener runs the scenarios with a subscriber only)."""
     port, ca = tls if tls else (broker.port, "")
     # A topic's stored messages before a run: the TLS runs follow the plain ones on the same
     # topics, and each run's check counts only what it stored.
@@ -964,7 +971,7 @@ def smqp_target(broker: RunningBroker, tls: tuple[int, str] | None = None) -> Ta
         return BrokerSpec(kind="smqp", host=broker.host, port=port,
                           target=topic_for(scenario), password=PASSWORD,
                           publisher_user_prefix=PUB_PREFIX, subscriber_user=SUB_USER,
-                          tls_ca=ca)
+                          tls_ca=ca, window=window)
 
     def probe() -> CpuProbe:
         groups: dict[str, Callable[[], list[int]]] = {
@@ -975,8 +982,9 @@ def smqp_target(broker: RunningBroker, tls: tuple[int, str] | None = None) -> Ta
         return CpuProbe(groups)
 
     return Target(
-        label=f"smqp-{broker.backend}{'-tls' if tls else ''}", broker="smqp",
-        backend=broker.backend,
+        label=f"smqp-{broker.backend}{'-tls' if tls else ''}{f'-w{window}' if window > 1 else ''}",
+        broker="smqp", backend=broker.backend,
+        scenarios=None if first else WITH_SUBSCRIBER,
         make_spec=spec, probe=probe,
         prepare=prepare, stored_count=stored_count,
         server_pid=broker.pid,
@@ -1265,6 +1273,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="event loop of the load-generator processes, for both brokers "
                              "(default uvloop: the standard library's costs the client about "
                              "twice as much per round trip, which the e2e figure then measures)")
+    parser.add_argument("--smqp-window", type=parse_windows, default=(1, 64), metavar="N,M",
+                        help="SMQP subscriber windows (SET NOTIFY WINDOW, profile 9.7); the "
+                             "first runs every scenario, the others e2e and latency (1,64)")
     parser.add_argument("--rabbitmq", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the scenarios against RabbitMQ (default on)")
     parser.add_argument("--rabbitmq-host", default=os.environ.get("SMQP_BENCH_AMQP_HOST",
@@ -1368,11 +1379,13 @@ def main(args: argparse.Namespace) -> int:
             print(f"[smqp-{backend}] runsmqp pid {broker.pid} on {broker.host}:{broker.port}",
                   flush=True)
             start = len(runs)
-            run_all(smqp_target(broker))
+            for i, window in enumerate(args.smqp_window):
+                run_all(smqp_target(broker, window=window, first=i == 0))
             if args.tls:
                 tls_port = smqps_port(broker)
                 print(f"[smqp-{backend}-tls] SMQPS on {broker.host}:{tls_port}", flush=True)
-                run_all(smqp_target(broker, (tls_port, ca_file)))
+                for i, window in enumerate(args.smqp_window):
+                    run_all(smqp_target(broker, (tls_port, ca_file), window, first=i == 0))
             alive = broker.alive()
             if not alive or any(r.get("error_count") for r in runs[start:]):
                 broker.keep_log = True

@@ -213,8 +213,9 @@ class Connection:
         self.send(data)
         return self.reply()
 
-    def ack(self) -> None:
-        self.send(b"310 ACK\r\n")
+    def ack(self, smuid: int | None = None) -> None:
+        """``310 ACK``: of the oldest message not yet acknowledged, or of ``smuid``."""
+        self.send(c.serialize_command(c.Ack(smuid)))
 
     def notification(self, timeout: float | None = None) -> ClientEvent:
         if self.pending:

@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lease", metavar="TIMEOUT",
                    help="the subscription ends after this long (HH:MM:SS); subscribing "
                         "again renews it (profile 9.3)")
+    s.add_argument("--window", type=int, default=1, metavar="N",
+                   help="let up to N messages come before their acknowledgements (SET NOTIFY "
+                        "WINDOW, profile 9.7; at most the server's Max-Window). Default 1. "
+                        "With --count, those that came after the last counted one are not "
+                        "acknowledged: they come again to the account's next session")
 
     g2 = sub.add_parser("get", parents=[common], help="read stored messages",
                         description="GET MESSAGE: messages of TOPIC by smuid (5, 5-9, "
@@ -253,6 +258,10 @@ def cmd_sub(args: argparse.Namespace, conn: Connection) -> int:
         if "\r" in text or "\n" in text:
             raise CLIError("--selector must be one line", 2)
         extra += f" SELECTOR {klass} {text.strip()}"
+    if args.window < 1:
+        raise CLIError("--window wants a number from 1", 2)
+    if args.window > 1:
+        conn.checked(f"SET NOTIFY WINDOW {args.window}")
     for topic in args.topics:
         if any(c.isspace() for c in topic):
             raise CLIError(f"not a topic: {topic!r}", 2)
@@ -281,7 +290,9 @@ def cmd_sub(args: argparse.Namespace, conn: Connection) -> int:
                       f"others, so it is consumed for every session of the account. "
                       f"UNSUBSCRIBE it (smqp shell) or use another account to keep it.")
             show_message(args, event)
-            conn.ack()  # only once it is printed (flushed): a message is never lost
+            # Only once it is printed (flushed): a message is never lost. With a window,
+            # by its smuid: those that came meanwhile wait for theirs.
+            conn.ack(_smuid_number(event) if args.window > 1 else None)
             seen += 1
         elif isinstance(event, ServerAck):
             continue
@@ -289,6 +300,13 @@ def cmd_sub(args: argparse.Namespace, conn: Connection) -> int:
             show_event(args, event)
     # The last ACK's 310 ACK comes before QUIT's reply; reply() skips it.
     return 0
+
+
+def _smuid_number(event: NotifyMessage) -> int | None:
+    """The number of a NOTIFY's ``Smuid: host/number`` header (None when unreadable: the
+    bare ACK then answers the oldest)."""
+    number = (event.message.get("Smuid") or "").rpartition("/")[2]
+    return int(number) if number.isdigit() else None
 
 
 def cmd_get(args: argparse.Namespace, conn: Connection) -> int:

@@ -101,6 +101,27 @@ def test_pub_sub_round_trip_acks(broker):
              what="bob's ACK in the store")
 
 
+def test_sub_with_a_window_acks_each_by_its_smuid(broker):
+    """``sub --window 4``: the messages waiting come before any ACK; each is acknowledged by
+    its smuid once printed; a window above the server's Max-Window is refused."""
+    smuids = [json.loads(smqp(cli_env(broker, "alice"), "pub", "/news", f"w{i}",
+                              "--json").stdout)["smuid"] for i in range(3)]
+    # bob's subscription to /news (made by the test above) holds them for him.
+    sub = smqp(cli_env(broker, "bob"), "sub", "/news", "--window", "4", "--json", "--wait",
+               "3")
+    assert sub.returncode == 0, sub.stderr
+    got = [json.loads(line) for line in sub.stdout.splitlines()]
+    assert [int(m["smuid"].rsplit("/", 1)[1]) for m in got][-3:] == smuids
+    for smuid in smuids:
+        wait_for(lambda smuid=smuid: delivery_state(broker, "bob", smuid) == "acked",
+                 what=f"bob's ACK of {smuid} in the store")
+    refused = smqp(cli_env(broker, "bob"), "sub", "/news", "--window", "100000")
+    assert refused.returncode == 1
+    assert "SET refused: 400 Bad request (window must be 1 to 256)" in refused.stderr
+    usage = smqp(cli_env(broker, "bob"), "sub", "/news", "--window", "0")
+    assert usage.returncode == 2 and "--window" in usage.stderr
+
+
 def test_get_and_topics(broker):
     pub = smqp(cli_env(broker, "alice"), "pub", "/news", "kept", "--json")
     smuid = json.loads(pub.stdout)["smuid"]

@@ -42,6 +42,22 @@ def test_a_peers_second_window_runs_only_the_scenarios_with_a_subscriber():
     assert (spec.kind, spec.port, spec.window) == ("nats", 4222, 64)
 
 
+def test_smqp_runs_with_a_window_of_1_then_64_the_second_with_a_subscriber_only():
+    """Issue 39 item 2: the SMQP subscriber's SET NOTIFY WINDOW, beside RabbitMQ's prefetch."""
+    from types import SimpleNamespace
+
+    assert build_parser().parse_args(["messages"]).smqp_window == (1, 64)
+    broker = SimpleNamespace(host="127.0.0.1", port=7200, backend="postgres", pid=1)
+    first = messages.smqp_target(broker)
+    second = messages.smqp_target(broker, window=64, first=False)
+    assert (first.label, first.scenarios) == ("smqp-postgres", None)
+    assert (second.label, second.broker, second.scenarios) == (
+        "smqp-postgres-w64", "smqp", ("e2e", "latency"))
+    assert (first.make_spec("e2e").window, second.make_spec("e2e").window) == (1, 64)
+    tls = messages.smqp_target(broker, (7443, "ca.pem"), 64, first=False)
+    assert tls.label == "smqp-postgres-tls-w64" and tls.make_spec("e2e").port == 7443
+
+
 def test_each_peer_kind_has_its_drivers():
     args = build_parser().parse_args(["messages"])
     spec = messages.nats_target(args).make_spec("e2e")
