@@ -21,6 +21,8 @@ from channels.layers import get_channel_layer
 
 from broker.delivery.session import SubscriberSession
 from broker.services import notify
+from broker.store import dbthread
+from ual.resolution import snapshot_for
 
 
 class DoorConsumer(AsyncConsumer):
@@ -114,6 +116,15 @@ class DoorConsumer(AsyncConsumer):
         """Log a failure of this connection's work that ends nothing but itself."""
         self.logger.error("%s failed for %s", what, self.peer,
                           exc_info=exc if exc is not None else True)
+
+    async def _as_account(self, fn: Callable, *args: Any) -> Any:
+        """Run a service function in the database thread with this session's account access
+        snapshot (cached per process, rebuilt after any change that can alter a decision)."""
+
+        def run() -> Any:
+            return fn(snapshot_for(self.account), *args)
+
+        return await dbthread.run(run)
 
     def spawn(self, coro: Coroutine, what: str) -> asyncio.Task:
         """Run ``coro`` beside the handlers; its failure goes to :meth:`failed`."""

@@ -3,14 +3,17 @@
 It feeds bytes to the sans-IO codec, dispatches each command to a ``cmd_<name>`` method
 (aiosmtpd-style: adding a command is adding a method) and writes the replies. Every rule lives
 in :mod:`broker.services`; this class only translates between the wire and those functions.
+Delivery is the session's (:mod:`broker.delivery.session`); the login commands
+(:mod:`.smqp_login`), the topic and message commands and the publish replies
+(:mod:`.smqp_commands`), the NOTIFY lines of account notifications (:mod:`.smqp_notices`),
+SET NOTIFY PORT's connection (:mod:`.smqp_notify_port`) and the idle clock (:mod:`.idle`)
+are modules of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import math
 import re
 from collections import deque
 from collections.abc import Callable
@@ -22,41 +25,29 @@ from django.utils import timezone
 
 from accounts.models import Account, LoginSession
 from broker.consumers.base import DoorConsumer
+from broker.consumers.idle import IdleWatchdog
+from broker.consumers.smqp_commands import PublishReplies, TopicCommands
+from broker.consumers.smqp_login import LoginCommands
+from broker.consumers.smqp_notices import notification, server_timeout_watchers
+from broker.consumers.smqp_notify_port import AckAnswer, NotifyPort
 from broker.delivery import get_dispatcher
 from broker.delivery.session import Payload, SubscriberSession
-from broker.domain.login import State as LoginState
-from broker.services import ServiceError, freshness, notify, publish, read
-from broker.services import accounts as account_service
+from broker.services import ServiceError, freshness, notify, read
 from broker.services import auth as auth_service
-from broker.services import removal as removal_service
 from broker.services import subscriptions as subscription_service
-from broker.services import topics as topic_service
-from broker.services.login import (
-    AuthChecks,
-    Challenge,
-    LoggedIn,
-    LoginFlow,
-    LoginRefused,
-    Reason,
-    Reproved,
-)
+from broker.services.login import AuthChecks, LoginFlow, LoginRefused
 from broker.smqp import commands as c
 from broker.smqp.connection import CLOSED, NEED_DATA, ServerConnection
 from broker.smqp.errors import ProtocolError
 from broker.smqp.replies import (
-    serialize_get_blocks,
     serialize_greeting,
     serialize_notify_message,
     serialize_notify_server_bye,
     serialize_notify_server_timeout,
-    serialize_notify_sub,
-    serialize_notify_subscription,
-    serialize_notify_topic,
     serialize_reply,
 )
-from broker.smqp.values import format_datetime, format_keywords, format_smuid_ranges, format_timeout
+from broker.smqp.values import format_datetime, format_timeout
 from broker.store import dbthread
-from ual.resolution import snapshot_for
 
 logger = logging.getLogger("broker.smqp")
 
@@ -64,23 +55,6 @@ logger = logging.getLogger("broker.smqp")
 PUBLISHES_PER_TURN = 32
 # Commands a client may send before it has logged in.
 BEFORE_LOGIN = (c.Login, c.Pass, c.Noop, c.Quit, c.RawLine)
-# Login refusals (broker.services.login) as replies, and the texts some commands give instead.
-LOGIN_REPLIES: dict[Reason | tuple[Reason, type], tuple[int, str]] = {
-    Reason.ALREADY_LOGGED_IN: (405, "Not allowed (already logged in)"),
-    Reason.METHOD: (405, "Not allowed (authentication method)"),
-    Reason.CLEAR_ON_PLAIN: (405, "Not allowed (CLEAR on plain TCP; use SMQPS or SCRAM-SHA-256)"),
-    (Reason.CLEAR_ON_PLAIN, c.Pass): (
-        405, "Not allowed (password in the clear on plain TCP; use SMQPS)"),
-    (Reason.CLEAR_ON_PLAIN, c.SetLogin): (
-        405, "Not allowed (new password on plain TCP; use SMQPS)"),
-    Reason.OUT_OF_ORDER: (400, "Bad request (no authentication exchange in progress)"),
-    (Reason.OUT_OF_ORDER, c.Pass): (400, "Bad request (PASS follows LOGIN ... CLEAR/1.0)"),
-    (Reason.ALREADY_LOGGED_IN, c.RawLine): (
-        400, "Bad request (no authentication exchange in progress)"),
-    Reason.OTHER_ACCOUNT: (400, "Bad request (PASS names another account than LOGIN)"),
-    Reason.THROTTLED: (401, "Unauthorized (too many failed logins; try again later)"),
-    Reason.UNAUTHORIZED: (401, "Unauthorized"),
-}
 # Topic notifications kept for a session while it has notifications suspended.
 MAX_HELD_NOTIFICATIONS = 1000
 # Publishes of one session waiting for their commit before the session stops reading: a
@@ -95,7 +69,7 @@ def _handler_name(command_class: type) -> str:
     return "cmd_" + re.sub(r"(?<!^)(?=[A-Z])", "_", command_class.__name__).lower()
 
 
-class SMQPConsumer(DoorConsumer):
+class SMQPConsumer(LoginCommands, TopicCommands, PublishReplies, DoorConsumer):
     """One SMQP session. Its delivery (mailbox, pump, retries, queue-mode locks) is a
     :class:`~broker.delivery.session.SubscriberSession`; this class writes what it sends
     (NOTIFY MESSAGE) and reads the client's ``310 ACK``."""
@@ -130,21 +104,20 @@ class SMQPConsumer(DoorConsumer):
         self._outstanding: deque[tuple[asyncio.Future, str]] = deque()
         self._settler: asyncio.Task | None = None
         # SET NOTIFY PORT: the connection notifications go to instead of this one.
-        self._notify_writer: asyncio.StreamWriter | None = None
-        self._notify_task: asyncio.Task | None = None
+        self._notify_port: NotifyPort | None = None
         self._out = bytearray()
         # Held while a reply is written in parts (GET MESSAGE), or is not queued yet while
         # the pump may already run (the login's): no notification before it ends.
         self._long_reply = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._ended = False
-        self._last_activity = self._loop.time()
-        self._watchdog: asyncio.TimerHandle | None = None
-        self._arm_watchdog(settings.SMQP_LOGIN_TIMEOUT)
+        self._watchdog = IdleWatchdog(self._loop, restarts=lambda: self.account is not None,
+                                      notice=self._idle_notice, expire=self._idle_expired)
+        self._watchdog.arm(settings.SMQP_LOGIN_TIMEOUT)
         await self._write(serialize_greeting(f"{settings.SMQP_SERVER_IDENT} {self._context}"))
 
     async def smqp_receive(self, event: dict) -> None:
-        self._last_activity = self._loop.time()
+        self._watchdog.touch()
         if self.closing:
             return
         self.codec.receive_data(event["bytes"])
@@ -155,9 +128,9 @@ class SMQPConsumer(DoorConsumer):
         account asked with SUB SERVER TIMEOUT, then NOTIFY SERVER BYE to every session."""
         grace = int(event.get("grace", 0))
         bye = serialize_notify_server_bye(grace)
-        if self.account is not None and self.account_id in await _server_timeout_watchers():
+        if self.account is not None and self.account_id in await server_timeout_watchers():
             bye = serialize_notify_server_timeout(grace) + bye
-        if self._notify_writer is not None:
+        if self._notify_port is not None:
             await self._notify(bye)
         await self._write(bye)
 
@@ -165,24 +138,15 @@ class SMQPConsumer(DoorConsumer):
         """A notification for this account from the services (any process)."""
         if self.account is None or self.closing:
             return
-        kind = event["kind"]
-        if kind == "topic":
-            data = serialize_notify_topic(event["topic"], event["action"], event.get("value"))
-        elif kind == "sub":
-            data = serialize_notify_sub(event["topic"], event["count"])
-        elif kind == "server_timeout":
-            data = serialize_notify_server_timeout(event["timeout"])
-        elif kind == "close":
+        if event["kind"] == "close":
             # An operator closed this session (the console's sessions page): BYE, and the
             # connection ends; smqp_disconnect then ends the session and releases its locks.
             if self.session is not None and event.get("guid") == self.session.guid:
                 self.closing = True
                 await self._write(serialize_notify_server_bye(), close=True)
             return
-        elif kind == "subscription":
-            data = serialize_notify_subscription(event["pattern"], event["action"],
-                                                 event["reason"])
-        else:
+        data = notification(event)
+        if data is None:
             return
         if self.suspended:
             if len(self._held) < MAX_HELD_NOTIFICATIONS:
@@ -195,9 +159,8 @@ class SMQPConsumer(DoorConsumer):
         raise StopConsumer()
 
     def stop_door(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        self._close_notify_channel()
+        self._watchdog.cancel()
+        self._close_notify_port()
         if self._settler is not None:
             self._settler.cancel()
         for future, _ in self._outstanding:
@@ -211,7 +174,7 @@ class SMQPConsumer(DoorConsumer):
         return settings.SMQP_SERVER_CONTEXT
 
     async def _write(self, data: bytes, *, close: bool = False) -> None:
-        self._last_activity = self._loop.time()
+        self._watchdog.touch()
         await self.send({"type": "smqp.send", "bytes": data, "close": close})
 
     def reply(self, code: int, *lines: str) -> None:
@@ -282,35 +245,10 @@ class SMQPConsumer(DoorConsumer):
 
     # ------------------------------------------------------------------------------ timeouts
 
-    def _arm_watchdog(self, seconds: float, notice: float = 0.0) -> None:
-        """Close the session after ``seconds`` without activity; ``notice`` seconds before
-        that, look whether it is to be told (NOTIFY SERVER TIMEOUT)."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        self._watchdog_period = seconds
-        self._timeout_notice = notice
-        self._noticed_activity: float | None = None
-        self._watchdog = self._loop.call_later(seconds - notice, self._watchdog_fired)
+    def _idle_notice(self, seconds: int) -> None:
+        self._notice_task = asyncio.ensure_future(self._notify_timeout(seconds))
 
-    def _watchdog_fired(self) -> None:
-        period = self._watchdog_period
-        remaining = self._last_activity + period - self._loop.time()
-        if self.account is None:
-            # Before login the clock does not restart on traffic: log in or leave.
-            remaining = 0
-        if remaining > 0:
-            notice = self._timeout_notice
-            if remaining > notice:
-                delay = remaining - notice
-            else:
-                delay = remaining
-                if self._noticed_activity != self._last_activity:
-                    # Once per idle period; the notice itself is no activity of the client's.
-                    self._noticed_activity = self._last_activity
-                    self._notice_task = asyncio.ensure_future(
-                        self._notify_timeout(math.ceil(remaining)))
-            self._watchdog = self._loop.call_later(delay, self._watchdog_fired)
-            return
+    def _idle_expired(self) -> None:
         self.closing = True
         reason = "idle" if self.account is not None else "no login"
         self._timeout_task = asyncio.ensure_future(self._close_for_timeout(reason))
@@ -326,7 +264,7 @@ class SMQPConsumer(DoorConsumer):
             logger.warning("SUB SERVER TIMEOUT unreadable for %s", self.peer, exc_info=True)
             return
         if (not wanted or self.closing or self.suspended
-                or self._noticed_activity != self._last_activity):  # active meanwhile
+                or self._watchdog.active_since_notice):  # active meanwhile
             return
         await self._notify(serialize_notify_server_timeout(seconds), activity=False)
 
@@ -335,57 +273,6 @@ class SMQPConsumer(DoorConsumer):
         await self.flush(close=True)
 
     # ------------------------------------------------------------------------ login commands
-
-    async def cmd_login(self, cmd: c.Login) -> None:
-        self.login.login(cmd.username, cmd.method, cmd.version)
-        if self.login.scram_expected:
-            self.reply(200, "OK", "+ ")
-            self.codec.expect_raw_line()
-            return
-        self.reply(200, "OK")
-
-    async def cmd_raw_line(self, cmd: c.RawLine) -> None:
-        """One client line of a SCRAM-SHA-256(-PLUS) exchange (base64). The server answers
-        ``+ <base64 server-first>``; after the client-final it sends ``+ <base64
-        server-final>`` followed at once by the login reply (or 401). After the exchange of
-        SET LOGIN PASSWORD SCRAM-SHA-256, one more line carries the new password (salted)."""
-        if self.login.state is LoginState.NEW_VERIFIER_EXPECTED:
-            self.login.new_verifier(cmd.text.strip())
-            await self.login.verify()
-            self.reply(200, "OK")
-            return
-        try:
-            data: bytes | None = base64.b64decode(cmd.text.strip(), validate=True)
-        except ValueError:
-            data = None  # the exchange fails (after its attempt is counted)
-        self.login.scram(data)
-        outcome = await self.login.verify()
-        assert isinstance(outcome, Challenge | Reproved | LoggedIn)
-        self._out += b"+ " + base64.b64encode(
-            outcome.data if isinstance(outcome, Challenge) else outcome.final or b"") + b"\r\n"
-        if not isinstance(outcome, LoggedIn):  # the client-final, or the new password next
-            self.codec.expect_raw_line()
-            return
-        await self._logged_in(outcome.account, outcome.method)
-
-    async def cmd_pass(self, cmd: c.Pass) -> None:
-        if self.login.state is LoginState.CHANGE_CLEAR:  # PASS <old> <new>
-            self.login.new_password(cmd.user, cmd.secret)
-            await self.login.verify()
-            self.reply(200, "OK")
-            return
-        self.login.password(cmd.user, cmd.secret)
-        await self.flush()
-        outcome = await self.login.verify()
-        assert isinstance(outcome, LoggedIn)
-        await self._logged_in(outcome.account, outcome.method)
-
-    def _login_refused(self, exc: LoginRefused, command: Any) -> None:
-        """The one place a login refusal becomes an SMQP reply (profile §5)."""
-        if exc.data is not None:  # the server-final went before the refusal
-            self._out += b"+ " + base64.b64encode(exc.data) + b"\r\n"
-        code, text = LOGIN_REPLIES.get((exc.reason, type(command)), LOGIN_REPLIES[exc.reason])
-        self.reply(code, text)
 
     async def _logged_in(self, account: Account, method: str) -> None:
         """Session set-up after a successful login; then the backlog is offered."""
@@ -409,7 +296,7 @@ class SMQPConsumer(DoorConsumer):
         await self.dispatcher.joined()  # wake-ups from other processes reach us from here on
         await self._read_backlog()
         idle = settings.SMQP_IDLE_TIMEOUT
-        self._arm_watchdog(idle, notice=min(TIMEOUT_NOTICE_SECONDS, idle / 4))
+        self._watchdog.arm(idle, notice=min(TIMEOUT_NOTICE_SECONDS, idle / 4))
         self.reply(
             200,
             "OK",
@@ -441,76 +328,6 @@ class SMQPConsumer(DoorConsumer):
 
     # ------------------------------------------------------------------------ topic commands
 
-    async def _call(self, fn: Callable, *args: Any) -> Any:
-        """Run a service function in the database thread."""
-        return await dbthread.run(fn, *args)
-
-    async def _as_account(self, fn: Callable, *args: Any) -> Any:
-        """Run a service function with this account's access snapshot (cached per process,
-        rebuilt after any change that can alter a decision)."""
-
-        def run() -> Any:
-            return fn(snapshot_for(self.account), *args)
-
-        return await dbthread.run(run)
-
-    def reply_list(self, items: list[str], empty: str) -> None:
-        self.reply(200, "OK", *(items or [empty]))
-
-    async def cmd_count(self, cmd: c.Count) -> None:
-        fn = {"TOPIC": topic_service.count_topics, "MESSAGE": topic_service.count_messages,
-              "SUBSCRIBERS": topic_service.count_subscribers}[cmd.resource]
-        self.reply(200, "OK", str(await self._as_account(fn, cmd.pattern)))
-
-    async def cmd_list_topic(self, cmd: c.ListTopic) -> None:
-        found = await self._as_account(topic_service.children, cmd.topic)
-        self.reply_list([str(t) for t in found], "0 topics")
-
-    async def cmd_list_message(self, cmd: c.ListMessage) -> None:
-        smuids = await self._as_account(topic_service.list_messages, cmd.topic)
-        self.reply(200, "OK", format_smuid_ranges(smuids) if smuids else "none")
-
-    async def cmd_create_topic(self, cmd: c.CreateTopic) -> None:
-        await self._as_account(topic_service.create_topic, cmd.topic, cmd.keywords, cmd.link)
-        self.reply(200, "OK")
-
-    async def cmd_remove_topic(self, cmd: c.RemoveTopic) -> None:
-        pending = await self._as_account(topic_service.remove_topic, cmd.topic)
-        self.reply(200, "OK", f"{pending} messages pending")
-
-    async def cmd_remove_message(self, cmd: c.RemoveMessage) -> None:
-        await self._as_account(removal_service.remove_messages, cmd.topic, cmd.smuids)
-        self.reply(200, "OK")
-
-    async def cmd_set_topic_name(self, cmd: c.SetTopicName) -> None:
-        await self._as_account(topic_service.rename_topic, cmd.topic, cmd.new_topic)
-        self.reply(200, "OK")
-
-    async def cmd_set_topic_keywords(self, cmd: c.SetTopicKeywords) -> None:
-        await self._as_account(topic_service.set_keywords, cmd.topic, cmd.keywords)
-        self.reply(200, "OK")
-
-    async def cmd_get_topic_keywords(self, cmd: c.GetTopicKeywords) -> None:
-        keywords = await self._as_account(topic_service.get_keywords, cmd.topic)
-        self.reply(200, "OK", ",".join(keywords))
-
-    async def cmd_find_topic(self, cmd: c.FindTopic) -> None:
-        found = await self._as_account(topic_service.find_topics, cmd.pattern, cmd.keywords)
-        self.reply_list([f"{t.path} {format_keywords(kws)}" for t, kws in found], "0 topics")
-
-    # ------------------------------------------------------------------------ login details
-
-    async def cmd_set_login(self, cmd: c.SetLogin) -> None:
-        if cmd.field == "PASSWORD":
-            self.login.change_password(cmd.value.partition("/")[0])
-            if self.login.scram_expected:  # the old password proved first
-                self.reply(200, "OK", "+ ")
-                self.codec.expect_raw_line()
-                return
-            self.reply(200, "OK")  # PASS <old> <new> next
-            return
-        await self._call(account_service.set_detail, self.account, cmd.field, cmd.value)
-        self.reply(200, "OK")
 
     # ------------------------------------------------------------------------ subscriptions
 
@@ -554,77 +371,6 @@ class SMQPConsumer(DoorConsumer):
             await self._notify(b"".join(held))
         self.kick()
 
-    # ------------------------------------------------------------------------ publishing
-
-    def _start_publish(self, cmd: c.Publish) -> None:
-        """Hand the message to the dispatcher's next group commit without waiting, so that
-        pipelined publishes share a transaction; the reply is written once it committed."""
-        request = publish.PublishRequest(
-            account_id=self.account_id, guid=self.session.guid if self.session else "",
-            kind=cmd.kind, topic=cmd.topic, cmuid=cmd.cmuid, message=cmd.message, peer=self.peer)
-        self._outstanding.append((self.dispatcher.publish(request), cmd.cmuid))
-
-    async def _settle(self) -> None:
-        """Write the replies of outstanding publishes, in order (after their commit): before
-        any other reply, those of the publishes before it."""
-        if self._settler is not None and not self._settler.done():
-            await asyncio.shield(self._settler)  # it writes them all; no publish comes meanwhile
-        await self._write_replies()
-
-    async def _settle_and_flush(self) -> None:
-        """The settler: replies of the publishes as they commit, including those read
-        while it runs, each group written as soon as it is there."""
-        while self._outstanding:
-            await self._write_replies()
-            await self.flush()
-
-    async def _write_replies(self) -> None:
-        while self._outstanding:
-            future, cmuid = self._outstanding[0]
-            try:
-                published = await future
-            except ServiceError as exc:
-                self.reply(exc.code, exc.text)
-            except ProtocolError as exc:
-                self.reply(exc.code, exc.text)
-            except Exception:
-                self.failed("publish")
-                self.reply(500, "Server error (nothing was committed)")
-            else:
-                self.reply(200, "OK", f"{cmuid} {published.smuid}")
-            self._outstanding.popleft()
-
-    async def cmd_republish(self, cmd: c.Republish) -> None:
-        await self._as_account(publish.republish, cmd.topic, cmd.smuid)  # announces itself
-        self.reply(200, "OK")
-
-    async def cmd_get_message(self, cmd: c.GetMessage) -> None:
-        """Written a page at a time; notifications wait until the whole reply is out."""
-        ctx = self._context
-        sent = after = 0
-        async with self._long_reply:
-            while True:
-                try:
-                    found = await self._as_account(
-                        read.get_messages, cmd.topic, cmd.smuids, after)
-                except Exception:
-                    if not sent:
-                        raise  # nothing written yet: an error reply as for any command
-                    # Half way through (the right revoked, say): end with what was sent.
-                    logger.warning("GET MESSAGE %s stopped after %d messages for %s",
-                                   cmd.topic, sent, self.peer, exc_info=True)
-                    break
-                if not sent:
-                    self._out += b"200-OK\r\n"
-                if not found:
-                    break
-                self._out += serialize_get_blocks(
-                    [(topic, f"{ctx}/{smuid}", cmuid, msg) for topic, smuid, cmuid, msg in found])
-                sent += len(found)
-                after = found[-1][1]
-                await self.flush()
-            self._out += f"200 {sent} messages\r\n".encode()
-
     # ------------------------------------------------------------------------ delivery
 
     async def _read_backlog(self) -> None:
@@ -644,20 +390,27 @@ class SMQPConsumer(DoorConsumer):
     async def locks_expired(self, held: list) -> None:
         pass  # (locks here end with their message in flight: the client's answer is refused)
 
-    async def cmd_ack(self, cmd: c.Ack) -> None:
+    async def answer_ack(self, smuid: int | None = None) -> AckAnswer:
+        """The client's ``310 ACK [<smuid>]`` (on this connection or its SET NOTIFY PORT
+        one), recorded: the reply, and whether the next message may go now. A refusal other
+        than the lost lock (or no such message) is raised, for the door's funnel."""
         try:
-            recorded = await self.delivery.ack_inflight(cmd.smuid)
+            recorded = await self.delivery.ack_inflight(smuid)
         except ServiceError as exc:
             if exc.code != 409:
                 raise
             # Queue mode, the lock lost (or no such message in flight): refused, and the
             # next message goes all the same.
-            self.reply(exc.code, exc.text)
-        else:
-            if not recorded:
-                self.reply(400, "Bad request (no message is waiting for 310 ACK)")
-                return
-            self.reply(310, "ACK")
+            return exc.code, exc.text, True
+        if not recorded:
+            return 400, "Bad request (no message is waiting for 310 ACK)", False
+        return 310, "ACK", True
+
+    async def cmd_ack(self, cmd: c.Ack) -> None:
+        code, text, next_may_go = await self.answer_ack(cmd.smuid)
+        self.reply(code, text)
+        if not next_may_go:
+            return
         # The next NOTIFY leaves in the same write as this 310 ACK (one packet, one wake-up
         # of the client instead of two), sent from here rather than from a task of its own
         # (two event-loop steps less per message).
@@ -669,73 +422,33 @@ class SMQPConsumer(DoorConsumer):
     async def cmd_set_notify_port(self, cmd: c.SetNotifyPort) -> None:
         """Connect back to the client's own address on ``port`` before replying (408 when
         that fails); from then on notifications go there, and 310 ACKs are read there."""
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.peer_host, cmd.port),
-                settings.SMQP_NOTIFY_CONNECT_TIMEOUT)
-        except (TimeoutError, OSError):
+        port = await NotifyPort.connect(
+            self.peer_host, cmd.port, settings.SMQP_NOTIFY_CONNECT_TIMEOUT,
+            answer_ack=self.answer_ack, next_may_go=self.kick, gone=self._notify_port_gone,
+            closing=lambda: self.closing)
+        if port is None:
             self.reply(408, f"Request timeout (cannot connect to port {cmd.port})")
             return
-        self._close_notify_channel()
-        self._notify_writer = writer
-        self._notify_task = asyncio.ensure_future(self._read_notify_channel(reader, writer))
+        self._close_notify_port()
+        self._notify_port = port
         self.reply(200, "OK")
 
-    async def _read_notify_channel(self, reader: asyncio.StreamReader,
-                                   writer: asyncio.StreamWriter) -> None:
-        try:
-            while not self.closing:
-                line = await reader.readline()
-                if not line:
-                    break
-                text = line.strip().upper()
-                if not text:
-                    continue
-                if writer.is_closing():
-                    break
-                ack = _notify_channel_ack(text)
-                if isinstance(ack, ProtocolError):
-                    writer.write(f"{ack.code} {ack.text}\r\n".encode())
-                elif ack is not None:
-                    try:
-                        recorded = await self.delivery.ack_inflight(ack.smuid)
-                    except ServiceError as exc:
-                        writer.write(f"{exc.code} {exc.text}\r\n".encode())
-                        if exc.code == 409:  # queue mode, the lock lost: the next one goes
-                            self.kick()
-                    else:
-                        if recorded:
-                            writer.write(b"310 ACK\r\n")
-                            self.kick()
-                        else:
-                            writer.write(
-                                b"400 Bad request (no message is waiting for 310 ACK)\r\n")
-                else:
-                    writer.write(b"400 Bad request (only 310 ACK is read on this connection)\r\n")
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            if self._notify_writer is writer:
-                # The client's listener went away: notifications return to the session.
-                self._notify_writer = None
-                self.kick()
-            writer.close()
+    def _notify_port_gone(self, port: NotifyPort) -> None:
+        if self._notify_port is port:  # the client's listener went away, not replaced
+            self._notify_port = None
+            self.kick()  # notifications return to the session
 
-    def _close_notify_channel(self) -> None:
-        if self._notify_writer is not None:
-            self._notify_writer.close()
-            self._notify_writer = None
-        if self._notify_task is not None:
-            self._notify_task.cancel()
-            self._notify_task = None
+    def _close_notify_port(self) -> None:
+        port, self._notify_port = self._notify_port, None
+        if port is not None:
+            port.close()
 
     async def _notify(self, data: bytes, *, activity: bool = True) -> bool:
         """Write a notification: to the SET NOTIFY PORT connection when there is one; False
         when that connection is gone. ``activity``: it restarts the idle clock (not a notice
         of that clock running out)."""
-        writer = self._notify_writer
-        if writer is None:
+        port = self._notify_port
+        if port is None:
             while self._long_reply.locked():
                 async with self._long_reply:
                     pass
@@ -748,44 +461,8 @@ class SMQPConsumer(DoorConsumer):
                 await self.send({"type": "smqp.send", "bytes": data, "close": False})
             return True
         if activity:
-            self._last_activity = self._loop.time()
-        if writer.is_closing():  # gone: the retry timer sends the notification again
-            self._close_notify_channel()
-            return False
-        try:
-            writer.write(data)
-            await writer.drain()
-        except (ConnectionError, OSError):
-            self._close_notify_channel()
+            self._watchdog.touch()
+        if not await port.write(data):
+            self._close_notify_port()
             return False
         return True
-
-def _notify_channel_ack(line: bytes) -> c.Ack | ProtocolError | None:
-    """A line read on the SET NOTIFY PORT connection: the ``310 ACK [<smuid>]`` it holds, its
-    refusal when malformed, None when it is something else."""
-    if line != b"310 ACK" and not line.startswith(b"310 ACK "):
-        return None
-    try:
-        command = c.parse_command_line(line.decode("ascii"))
-    except (ProtocolError, UnicodeDecodeError) as exc:
-        return exc if isinstance(exc, ProtocolError) else ProtocolError(400, "Bad request")
-    return command if isinstance(command, c.Ack) else None
-
-
-_watchers: tuple[float, asyncio.Future] | None = None
-
-
-async def _server_timeout_watchers() -> set[int]:
-    """Accounts with SUB SERVER TIMEOUT, read once for all the sessions of this process that
-    ask within a second (a shutdown asks for every session at once); none if unreadable."""
-    global _watchers
-    loop = asyncio.get_running_loop()
-    if _watchers is None or _watchers[0] < loop.time() or _watchers[1].get_loop() is not loop:
-        _watchers = (loop.time() + 1.0, asyncio.ensure_future(dbthread.run(
-            lambda: set(subscription_service.server_timeout_watchers()))))
-    try:
-        return await asyncio.shield(_watchers[1])
-    except Exception:
-        logger.warning("SUB SERVER TIMEOUT subscribers unreadable", exc_info=True)
-        return set()
-

@@ -16,17 +16,18 @@ locked until the client retracts (consumes) or unlocks it, its lock times out, t
 sends unavailable presence, or the stream ends; up to ``pubsub#queue_requests`` locks per
 node at a time (the in-flight slot of the mailbox is freed as soon as the item is written;
 the lock stays in the mailbox's lock table).
+
+The SASL exchange (:mod:`.xmpp_login`) and the pubsub service commands (:mod:`.xmpp_pubsub`)
+are modules of their own; their wire forms are the codec's (:mod:`broker.xmpp`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from channels.exceptions import StopConsumer
@@ -34,22 +35,19 @@ from django.conf import settings
 
 from accounts.models import Account, LoginSession
 from broker.consumers.base import DoorConsumer
+from broker.consumers.xmpp_login import SaslLogin
+from broker.consumers.xmpp_pubsub import PubsubCommands
 from broker.delivery import get_dispatcher
 from broker.delivery.session import Held, Payload, SubscriberSession
-from broker.domain.login import State as LoginState
-from broker.domain.values import TopicPattern
-from broker.services import ServiceError, freshness, notify, publish
+from broker.services import ServiceError, freshness, notify
 from broker.services import auth as auth_service
 from broker.services import pubsub as pubsub_service
-from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
-from broker.services.login import AuthChecks, Challenge, LoggedIn, LoginFlow, LoginRefused, Reason
+from broker.services.login import AuthChecks, LoginFlow
 from broker.store import dbthread
 from broker.xmpp import payload as xpayload
 from broker.xmpp import stanzas as s
 from broker.xmpp import stream as xs
-from broker.xmpp.xml import escape_attr
-from ual.resolution import snapshot_for
 
 logger = logging.getLogger("broker.xmpp")
 
@@ -59,15 +57,6 @@ SUBPROTOCOL = "xmpp"
 RECEIVED_MEMORY = 10_000
 # After the server's <close/>, how long the client has to close the WebSocket itself.
 CLOSE_GRACE_SECONDS = 5.0
-# Publishes of one session waiting for their commit before it stops reading.
-MAX_OUTSTANDING_PUBLISHES = 1024
-# Login refusals (broker.services.login) as SASL failures (condition, text); else "aborted".
-SASL_FAILURES = {
-    Reason.THROTTLED: ("temporary-auth-failure", "too many failed logins; try again later"),
-    Reason.UNAUTHORIZED: ("not-authorized",),
-    Reason.METHOD: ("invalid-mechanism",),
-    Reason.CLEAR_ON_PLAIN: ("invalid-mechanism",),
-}
 RESOURCE_OK = re.compile(r"^[^\s/@<>&'\"]{1,64}$")
 
 
@@ -75,14 +64,7 @@ def _handler_name(command: Any) -> str:
     return "iq_" + re.sub(r"(?<!^)(?=[A-Z])", "_", type(command).__name__).lower()
 
 
-def _fault(exc: ServiceError) -> s.IqFault:
-    """The IQ error for a refusal: the conditions and text its Refusal gives XMPP."""
-    refusal = exc.refusal
-    return s.IqFault(refusal.xmpp, refusal.pubsub,
-                     text=refusal.xmpp_text.format(code=exc.code, text=exc.text))
-
-
-class XMPPConsumer(DoorConsumer):
+class XMPPConsumer(SaslLogin, PubsubCommands, DoorConsumer):
     """One XMPP stream over one WebSocket. Its delivery (mailbox, pump, queue-node locks)
     is a :class:`~broker.delivery.session.SubscriberSession`; this class writes item
     events and reads retracts, unlocks and presence."""
@@ -251,75 +233,6 @@ class XMPPConsumer(DoorConsumer):
             finally:
                 await self._flush()
 
-    # ------------------------------------------------------------------ SASL
-
-    def _reset_auth(self) -> None:
-        self.login.abort()
-        self.stream.sasl_failed()
-
-    async def _auth_failed(self, condition: str, text: str = "") -> None:
-        self._reset_auth()  # after a failed check the login stays FAILED / LOCKED
-        await self._write(s.sasl_failure(condition, text))
-
-    async def _refused(self, exc: LoginRefused) -> None:
-        """The one place a login refusal becomes a SASL failure (XMPP-PROFILE §2)."""
-        await self._auth_failed(*SASL_FAILURES.get(exc.reason, ("aborted",)))
-
-    async def _auth_start(self, event: xs.AuthStart) -> None:
-        try:
-            self.login.mechanism(event.mechanism)
-            if event.initial is None:
-                await self._write(s.sasl_challenge(b""))
-            elif event.mechanism == "PLAIN":
-                await self._plain(event.initial)
-            else:
-                await self._scram_step(event.initial)
-        except LoginRefused as exc:
-            await self._refused(exc)
-
-    async def _auth_response(self, data: bytes) -> None:
-        try:
-            if self.login.state is LoginState.PLAIN_EXPECTED:
-                await self._plain(data)
-            elif self.login.scram_expected:
-                await self._scram_step(data)
-            else:
-                await self._auth_failed("aborted")
-        except LoginRefused as exc:
-            await self._refused(exc)
-
-    async def _plain(self, data: bytes) -> None:
-        parts = data.split(b"\0")
-        if len(parts) != 3:
-            await self._auth_failed("malformed-request")
-            return
-        try:
-            authzid, username, password = (p.decode("utf-8") for p in parts)
-        except UnicodeDecodeError:
-            await self._auth_failed("malformed-request")
-            return
-        if authzid and authzid.casefold() not in (username.casefold(),
-                                                  f"{username}@{self.domain}".casefold()):
-            await self._auth_failed("invalid-authzid")
-            return
-        self.login.password(username, password)
-        await self._verify()
-
-    async def _scram_step(self, data: bytes) -> None:
-        self.login.scram(data)
-        await self._verify()
-
-    async def _verify(self) -> None:
-        outcome = await self.login.verify()
-        if isinstance(outcome, Challenge):
-            await self._write(s.sasl_challenge(outcome.data))
-            return
-        assert isinstance(outcome, LoggedIn)
-        self.authenticated = outcome.account
-        self._method = outcome.method
-        self.stream.authenticated()
-        await self._write(s.sasl_success(outcome.final))
-
     # ------------------------------------------------------------------ stanzas
 
     async def _stanza(self, event: xs.Stanza) -> None:
@@ -349,7 +262,7 @@ class XMPPConsumer(DoorConsumer):
         except s.IqFault as fault:
             await self._write(s.iq_error(iq.id, sender, self.jid, fault))
         except ServiceError as exc:
-            fault = _fault(exc)
+            fault = s.fault_of(exc)
             if isinstance(exc, pubsub_service.OptionsRequired):
                 fault.extra = s.queue_options_required(iq.command.node, iq.command.jid)
             await self._write(s.iq_error(iq.id, sender, self.jid, fault))
@@ -360,12 +273,6 @@ class XMPPConsumer(DoorConsumer):
         else:
             if inner is not None:
                 await self._write(s.iq_result(iq.id, sender, self.jid, inner))
-
-    async def _as_account(self, fn: Callable, *args: Any) -> Any:
-        def run() -> Any:
-            return fn(snapshot_for(self.account), *args)
-
-        return await dbthread.run(run)
 
     def _pubsub_target(self, iq: s.Iq) -> None:
         if iq.to is not None and iq.to.casefold() != self.service_jid.casefold():
@@ -418,150 +325,7 @@ class XMPPConsumer(DoorConsumer):
     def _bare(self) -> str:
         return self.jid.split("/", 1)[0]
 
-    # -- discovery
-
-    async def iq_disco_info(self, cmd: s.DiscoInfo, iq: s.Iq) -> str:
-        if iq.to is None or iq.to.casefold() in (self.domain.casefold(),
-                                                 self._bare.casefold()):
-            return s.disco_info(("server", "im", "SMQP broker"), s.SERVER_FEATURES, cmd.node)
-        self._pubsub_target(iq)
-        if cmd.node is None:
-            return s.disco_info(("pubsub", "service", "SMQP topics"), s.SERVICE_FEATURES)
-        node = await self._as_account(topic_service.visible_node, cmd.node)
-        features = [s.PUBSUB] + ([s.QUEUEING] if pubsub_service.is_queue(node) else [])
-        return s.disco_info(("pubsub", "leaf", node.path), features, cmd.node)
-
-    async def iq_disco_items(self, cmd: s.DiscoItems, iq: s.Iq) -> str:
-        if iq.to is None or iq.to.casefold() in (self.domain.casefold(),
-                                                 self._bare.casefold()):
-            return s.disco_items(self.service_jid, [], cmd.node) if cmd.node else \
-                f"<query xmlns='{s.DISCO_ITEMS}'><item jid='{self.service_jid}'/></query>"
-        self._pubsub_target(iq)
-        found = await self._as_account(topic_service.children, cmd.node or "/")
-        return s.disco_items(self.service_jid, [(t.path, t.path) for t in found], cmd.node)
-
-    # -- nodes
-
-    async def iq_create(self, cmd: s.Create, iq: s.Iq) -> str:
-        self._pubsub_target(iq)
-        await self._as_account(pubsub_service.create_node, cmd.node, cmd.config)
-        return f"<pubsub xmlns='{s.PUBSUB}'><create node='{escape_attr(cmd.node)}'/></pubsub>"
-
-    async def iq_delete(self, cmd: s.Delete, iq: s.Iq) -> str:
-        self._pubsub_target(iq)
-        await self._as_account(topic_service.remove_topic, cmd.node)
-        return ""
-
-    async def iq_configure_get(self, cmd: s.ConfigureGet, iq: s.Iq) -> str:
-        self._pubsub_target(iq)
-        fields = await self._as_account(pubsub_service.node_config, cmd.node)
-        return s.configure_result(cmd.node, fields)
-
-    async def iq_configure_set(self, cmd: s.ConfigureSet, iq: s.Iq) -> str:
-        self._pubsub_target(iq)
-        try:
-            await self._as_account(pubsub_service.configure, cmd.node, cmd.config)
-        except ServiceError as exc:
-            if exc.code == 400:
-                raise s.IqFault("not-acceptable", text=exc.text) from None
-            raise
-        return ""
-
-    # -- subscriptions
-
-    def _check_jid(self, jid: str) -> None:
-        bare = jid.split("/", 1)[0]
-        if bare.casefold() != self._bare.casefold():
-            raise s.IqFault("bad-request", "invalid-jid", text="subscribe your own JID")
-
-    async def iq_subscribe(self, cmd: s.Subscribe, iq: s.Iq) -> str:
-        self._pubsub_target(iq)
-        self._check_jid(cmd.jid)
-        requests = await self._as_account(pubsub_service.subscribe, cmd.node, cmd.options)
-        # One subscription per (node, selector) (profile §9.2): the selector is in the subid.
-        selector = pubsub_service.selector_of(cmd.options) or ("", "")
-        subid = hashlib.sha1(f"{self.account_id}:{cmd.node.casefold()}:{selector[0].upper()}:"
-                             f"{selector[1]}".encode()).hexdigest()
-        options = None
-        if requests is not None:
-            key = cmd.node.casefold()
-            self.queue_requests[key] = requests
-            options = [(pubsub_service.QUEUE_REQUESTS, "text-single", [str(requests)])]
-            self.delivery.unpark(key)
-        await self._write(s.iq_result(iq.id, iq.to, self.jid,
-                                      s.subscription_result(cmd.node, cmd.jid, subid, options)))
-        await self.delivery.read_backlog()
-        return None  # type: ignore[return-value]
-
-    async def iq_unsubscribe(self, cmd: s.Unsubscribe, iq: s.Iq) -> str:
-        self._pubsub_target(iq)
-        self._check_jid(cmd.jid)
-        await self._as_account(topic_service.visible_node, cmd.node)
-        try:
-            await self._as_account(subscription_service.unsubscribe, "MESSAGE",
-                                   _pattern(cmd.node))
-        except ServiceError as exc:
-            if exc.code == 404:
-                raise s.IqFault("unexpected-request", "not-subscribed") from None
-            raise
-        self.queue_requests.pop(cmd.node.casefold(), None)
-        return ""
-
     # -- items
-
-    async def iq_publish(self, cmd: s.Publish, iq: s.Iq) -> None:
-        """Handed to the dispatcher's group commit; the result goes once committed (the
-        stream reads on meanwhile: results of pipelined publishes share a commit)."""
-        self._pubsub_target(iq)
-        if "*" in cmd.node:
-            raise s.IqFault("item-not-found", text="wildcards are not node ids")
-        if cmd.item_id is not None and len(cmd.item_id) > 180:
-            raise s.IqFault("not-acceptable", text="item id too long")
-        if cmd.item_id is not None:
-            await self._as_account(pubsub_service.check_replace, cmd.node, cmd.item_id)
-        request = publish.PublishRequest(
-            account_id=self.account_id, guid=self.session.guid, kind="MESSAGE",
-            topic=cmd.node, cmuid=pubsub_service.new_cmuid(cmd.item_id),
-            message=xpayload.message_of(cmd.payload), peer=self.peer, door="xmpp")
-        future = self.dispatcher.publish(request)
-        self._outstanding += 1
-        task = self.spawn(self._publish_result(future, cmd, iq), "publish result")
-        if self._outstanding >= MAX_OUTSTANDING_PUBLISHES:
-            await asyncio.shield(task)
-        return None
-
-    async def _publish_result(self, future: asyncio.Future, cmd: s.Publish, iq: s.Iq) -> None:
-        sender = iq.to
-        try:
-            published = await future
-        except ServiceError as exc:
-            await self._write(s.iq_error(iq.id, sender, self.jid, _fault(exc)))
-            return
-        except Exception:
-            self.failed("publish")
-            await self._write(s.iq_error(iq.id, sender, self.jid,
-                                         s.IqFault("internal-server-error")))
-            return
-        finally:
-            self._outstanding -= 1
-        item_id = cmd.item_id or str(published.smuid)
-        if cmd.item_id is not None:
-            try:
-                await self._as_account(pubsub_service.replace_older, published.topic_path,
-                                       cmd.item_id, published.smuid)
-            except Exception:  # the new item is stored; the older one stays
-                self.failed(f"replacing item {cmd.item_id}")
-        await self._write(s.iq_result(iq.id, sender, self.jid,
-                                      s.publish_result(cmd.node, item_id)))
-
-    async def iq_items(self, cmd: s.Items, iq: s.Iq) -> str:
-        self._pubsub_target(iq)
-        found = await self._as_account(pubsub_service.items, cmd.node, cmd.max_items, cmd.ids)
-        if cmd.ids and not found:
-            raise s.IqFault("item-not-found")
-        limit = settings.SMQP_XMPP_MAX_FRAME
-        return s.items_result(cmd.node, [
-            (i.item_id, xpayload.payload_xml(i.message, limit, i.xmpp_item)) for i in found])
 
     async def iq_retract(self, cmd: s.Retract, iq: s.Iq) -> str:
         self._pubsub_target(iq)
@@ -683,7 +447,3 @@ class XMPPConsumer(DoorConsumer):
         for item in held:
             await self._write(s.unlock_event(self.service_jid, self.jid, item.node,
                                              [item.item_id]))
-
-
-def _pattern(node: str) -> TopicPattern:
-    return TopicPattern(node, False)

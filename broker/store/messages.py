@@ -329,21 +329,48 @@ def lock_deliveries(account_id: int, holder: str, smuids: Sequence[int], now: da
                     deadline: datetime, max_retries: int) -> Rows:
     """:func:`lock_delivery` of several of the account's deliveries in one statement (a REST
     pull's): each row is locked or not on its own conditions. Rows (message_id, attempts)
-    of those locked, read by calling the result."""
-    ph = placeholder()
+    of those locked, read by calling the result. On PostgreSQL a row another transaction
+    holds is passed by (it is that taker's), never waited for (see the backend)."""
+    return backend().lock_deliveries(account_id, holder, smuids, now, deadline, max_retries)
+
+
+def lock_conditions(table: str, ph: str, count: int) -> str:
+    """The WHERE of a lock take on ``table`` (the deliveries, or their alias), ``count``
+    smuids: its parameters are :func:`lock_params`' after the first four."""
+    return (f"{table}.account_id = {ph} AND {table}.message_id IN ({marks(ph, count)}) "
+            f"AND {table}.attempts <= {ph} "
+            f"AND ({table}.state = {ph} OR ({table}.state = {ph} "
+            f"AND ({table}.holder = {ph} OR {table}.next_attempt <= {ph}))) "
+            f"AND EXISTS (SELECT 1 FROM {Message._meta.db_table} m "
+            f"WHERE m.id = {table}.message_id AND m.state = {ph})")
+
+
+def lock_params(account_id: int, holder: str, smuids: Sequence[int], now: datetime,
+                deadline: datetime, max_retries: int) -> list:
+    """The parameters of a lock take: the SET's four (state, holder, last and next attempt),
+    then :func:`lock_conditions`'."""
     at = db_datetime(now)
     locked = Delivery.State.NOTIFIED.value
+    return [locked, holder, at, db_datetime(deadline), account_id, *smuids, max_retries,
+            Delivery.State.PENDING.value, locked, holder, at, Message.State.PENDING.value]
+
+
+#: The SET of a lock take (its parameters: the first four of :func:`lock_params`).
+LOCK_SET = ("state = {ph}, holder = {ph}, attempts = attempts + 1, last_attempt = {ph}, "
+            "next_attempt = {ph}")
+
+
+def lock_deliveries_update(account_id: int, holder: str, smuids: Sequence[int],
+                           now: datetime, deadline: datetime, max_retries: int) -> Rows:
+    """:func:`lock_deliveries` as one conditional UPDATE: a row another transaction is
+    changing is waited for, then its conditions are checked again on what it committed
+    (SQLite has one writer: nothing to wait for there)."""
+    ph = placeholder()
+    table = Delivery._meta.db_table
     return query(
-        f"UPDATE {Delivery._meta.db_table} SET state = {ph}, holder = {ph}, "
-        f"attempts = attempts + 1, last_attempt = {ph}, next_attempt = {ph} "
-        f"WHERE account_id = {ph} AND message_id IN ({marks(ph, len(smuids))}) "
-        f"AND attempts <= {ph} "
-        f"AND (state = {ph} OR (state = {ph} AND (holder = {ph} OR next_attempt <= {ph}))) "
-        f"AND EXISTS (SELECT 1 FROM {Message._meta.db_table} m "
-        f"WHERE m.id = {Delivery._meta.db_table}.message_id AND m.state = {ph}) "
-        f"RETURNING message_id, attempts",
-        [locked, holder, at, db_datetime(deadline), account_id, *smuids, max_retries,
-         Delivery.State.PENDING.value, locked, holder, at, Message.State.PENDING.value])
+        f"UPDATE {table} SET {LOCK_SET.format(ph=ph)} "
+        f"WHERE {lock_conditions(table, ph, len(smuids))} RETURNING message_id, attempts",
+        lock_params(account_id, holder, smuids, now, deadline, max_retries))
 
 
 def consume_locks(account_id: int, holder: str, smuids: Sequence[int], now: datetime) -> Rows:

@@ -10,8 +10,9 @@ profile uses a dozen fixed shapes only. Each shape is written once here.
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from xml.etree.ElementTree import Element
 
 from .xml import attrs, escape_text, serialize, split_tag
@@ -61,6 +62,28 @@ class IqFault(Exception):
         super().__init__(condition)
         self.condition, self.pubsub, self.feature, self.text = condition, pubsub, feature, text
         self.extra = extra  # child elements echoed before <error/> (XEP-0254's options form)
+
+
+class Refused(Protocol):
+    """A services' refusal as the XMPP door reads it (a ``ServiceError``): its SMQP code and
+    text, and its Refusal's XMPP conditions (``xmpp``, ``pubsub``, ``xmpp_text``)."""
+
+    @property
+    def code(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def refusal(self) -> Any: ...
+
+
+def fault_of(exc: Refused) -> IqFault:
+    """The IQ error for a refusal: the conditions and text its Refusal gives XMPP (the XMPP
+    door's one mapping of errors to the wire)."""
+    refusal = exc.refusal
+    return IqFault(refusal.xmpp, refusal.pubsub,
+                   text=refusal.xmpp_text.format(code=exc.code, text=exc.text))
 
 
 def unsupported(feature: str) -> IqFault:
@@ -435,6 +458,14 @@ def queue_options_required(node: str, jid: str) -> str:
             f"<value>{PUBSUB}#subscribe_options</value></field>"
             "<field type='text-single' var='pubsub#queue_requests'><required/></field>"
             "</x></options></pubsub>")
+
+
+def subscription_id(account_id: int, node: str, selector: tuple[str, str] | None) -> str:
+    """The subid of an account's subscription to ``node``: one per (node, selector)
+    (profile §9.2), so the selector (class, expression) is part of it."""
+    kind, expression = selector or ("", "")
+    return hashlib.sha1(f"{account_id}:{node.casefold()}:{kind.upper()}:"
+                        f"{expression}".encode()).hexdigest()
 
 
 def subscription_result(node: str, jid: str, subid: str,

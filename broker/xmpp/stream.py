@@ -88,6 +88,24 @@ NAMESPACES = {"open": s.FRAMING, "close": s.FRAMING, "auth": s.SASL, "response":
               "abort": s.SASL, "iq": s.CLIENT, "presence": s.CLIENT, "message": s.CLIENT}
 
 
+def plain_credentials(data: bytes, domain: str) -> tuple[str, str] | str:
+    """The (username, password) of a SASL PLAIN message (RFC 4616: ``authzid NUL authcid NUL
+    passwd``), or the SASL failure condition that refuses it: ``malformed-request``, or
+    ``invalid-authzid`` when it asks to act as someone else than the user (bare or as
+    ``user@domain``)."""
+    parts = data.split(b"\0")
+    if len(parts) != 3:
+        return "malformed-request"
+    try:
+        authzid, username, password = (p.decode("utf-8") for p in parts)
+    except UnicodeDecodeError:
+        return "malformed-request"
+    if authzid and authzid.casefold() not in (username.casefold(),
+                                              f"{username}@{domain}".casefold()):
+        return "invalid-authzid"
+    return username, password
+
+
 def _decode(text: str | None) -> bytes | None:
     if text is None:
         return None

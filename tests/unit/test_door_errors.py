@@ -1,5 +1,5 @@
 """Each door's one mapping of the services' refusals to its wire (no socket): SMQP's reply
-(broker.smqp.replies.error), XMPP's IQ error (broker.consumers.xmpp._fault), REST's problem
+(broker.smqp.replies.error), XMPP's IQ error (broker.xmpp.stanzas.fault_of), REST's problem
 (api.problems.from_service) and QQP's status (broker.consumers.qqp._refused). The expected
 values are what each door answered before the Refusal enum: the wire does not change."""
 
@@ -9,13 +9,13 @@ import pytest
 
 from api.problems import from_service
 from broker.consumers.qqp import _refused
-from broker.consumers.xmpp import _fault
 from broker.domain.errors import ProtocolError, Refusal
 from broker.services import ServiceError, conflict, not_found, refuse, too_large
 from broker.services.pubsub import OptionsRequired
 from broker.services.selectors import incorrect, unsupported
 from broker.smqp.replies import error as smqp_error
 from broker.xmpp import stanzas as s
+from broker.xmpp.stanzas import fault_of
 
 # code → (REST status, XMPP condition, XMPP pubsub condition, QQP status), as before.
 WIRE = {
@@ -38,7 +38,7 @@ def test_each_door_answers_a_refusal_as_before(code):
     exc = refuse(Refusal.of(code), "why")
     text = f"{Refusal.of(code).phrase} (why)"
     assert smqp_error(exc) == f"{code} {text}\r\n".encode()
-    fault = _fault(exc)
+    fault = fault_of(exc)
     assert (fault.condition, fault.pubsub, fault.text) == (condition, pubsub, text)
     response = from_service(exc)
     assert response.status_code == http
@@ -60,13 +60,13 @@ def test_a_problem_has_the_refusals_type_and_title():
 def test_a_selector_refusal_keeps_its_code_and_column():
     exc = incorrect("unexpected ')'", 7)
     assert smqp_error(exc) == b"567 Incorrect message selector (unexpected ')' at column 7)\r\n"
-    fault = _fault(exc)
+    fault = fault_of(exc)
     assert (fault.condition, fault.pubsub, fault.text) == (
         "bad-request", "invalid-options",
         "567 Incorrect message selector (unexpected ')' at column 7)")
     body = from_service(exc).data
     assert (body["status"], body["smqp_code"], body["column"]) == (400, 567, 7)
-    fault = _fault(unsupported("X"))
+    fault = fault_of(unsupported("X"))
     assert (fault.condition, fault.pubsub, fault.text) == (
         "bad-request", "invalid-options", "566 Unsupported selector class")
 
@@ -74,14 +74,14 @@ def test_a_selector_refusal_keeps_its_code_and_column():
 def test_a_queue_subscription_without_options_is_configuration_required():
     exc = OptionsRequired()
     assert smqp_error(exc) == b"400 Bad request (pubsub#queue_requests required)\r\n"
-    fault = _fault(exc)
+    fault = fault_of(exc)
     assert (fault.condition, fault.pubsub, fault.text) == (
         "not-acceptable", "configuration-required", "")
     assert from_service(exc).status_code == 400
 
 
 def test_an_iq_error_carries_the_conditions_on_the_wire():
-    xml = s.iq_error("q1", "pubsub.example", "a@example/r", _fault(conflict("locked")))
+    xml = s.iq_error("q1", "pubsub.example", "a@example/r", fault_of(conflict("locked")))
     assert "<conflict xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'" in xml.replace('"', "'")
     assert "locked" in xml
 
@@ -93,5 +93,5 @@ def test_a_protocol_error_is_a_bad_request_at_rest_whatever_its_code():
 
 
 def test_a_refusal_by_code_maps_as_by_member():
-    assert _fault(ServiceError(404, "Not found (node)")).condition == "item-not-found"
+    assert fault_of(ServiceError(404, "Not found (node)")).condition == "item-not-found"
     assert from_service(not_found("x")).status_code == 404

@@ -112,6 +112,15 @@ class Backend(ABC):
         """The deliveries of ``acks`` become ACKed (see :func:`..messages.record_acks`); with
         ``returning``, a function giving the smuids ACKed for the first time."""
 
+    # ------------------------------------------------------------------ queue-mode locks
+
+    @abstractmethod
+    def lock_deliveries(self, account_id: int, holder: str, smuids: Sequence[int],
+                        now: datetime, deadline: datetime, max_retries: int) -> Rows:
+        """Lock these deliveries of the account to ``holder`` where each row's conditions
+        allow (see :func:`..messages.lock_deliveries`); rows (message_id, attempts) of those
+        locked, read by calling the result."""
+
     @abstractmethod
     def finish_messages(self, message_ids: list[int], now: datetime) -> None:
         """Messages open for no one start their timeout, or go to Trash when they are dead

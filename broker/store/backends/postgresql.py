@@ -25,8 +25,8 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from accounts.models import Account
 from broker.models import Delivery, Message
 
-from ..messages import acked_upsert, record_acks_each
-from . import Ack, Backend, Rows, Statement, Unsent
+from ..messages import LOCK_SET, acked_upsert, lock_conditions, lock_params, record_acks_each
+from . import Ack, Backend, Rows, Statement, Unsent, marks
 
 if TYPE_CHECKING:
     from ..rows import Inserts, Table
@@ -201,6 +201,30 @@ class PostgreSQL(Backend):
         """One UPDATE that decides it itself, so nothing is read back (inside a hot
         transaction it leaves with the COMMIT)."""
         execute_unprepared(finish_statements(message_ids, now))
+
+    # ------------------------------------------------------------------ queue-mode locks
+
+    def lock_deliveries(self, account_id: int, holder: str, smuids: Sequence[int],
+                        now: datetime, deadline: datetime, max_retries: int) -> Rows:
+        """The candidate rows are chosen with ``FOR UPDATE SKIP LOCKED``, then locked to
+        ``holder``. A plain conditional UPDATE waits for a row another transaction changes
+        (a competing take in another process's settle batch), then re-checks it: takers
+        queue behind each other's commits, and two batches taking the same rows in another
+        order deadlock, one of them failing. A row held by another transaction is that
+        taker's (or its holder's ACK, or a release being decided): passed by here, as a take
+        that lost. ``FOR UPDATE`` checks the conditions on the newest committed version of
+        each row it locks, so exactly one take wins a row, as before. Materialized: the
+        candidates are chosen (and locked) once, whatever the plan. The outer UPDATE finds
+        the rows by the (account, message) index, as the plain statement does."""
+        table = Delivery._meta.db_table
+        params = lock_params(account_id, holder, smuids, now, deadline, max_retries)
+        return self.query(
+            f"WITH c AS MATERIALIZED (SELECT d.id FROM {table} d "
+            f"WHERE {lock_conditions('d', '%s', len(smuids))} FOR UPDATE OF d SKIP LOCKED) "
+            f"UPDATE {table} SET {LOCK_SET.format(ph='%s')} "
+            f"WHERE {table}.account_id = %s AND {table}.message_id IN ({marks('%s', len(smuids))}) "
+            f"AND {table}.id IN (SELECT id FROM c) RETURNING message_id, attempts",
+            [*params[4:], *params[:4], account_id, *smuids])
 
     # ------------------------------------------------------------------ storage processes
 

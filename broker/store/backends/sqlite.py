@@ -20,7 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from broker.models import Delivery, Message
 
-from ..messages import record_acks_each, start_timeouts
+from ..messages import lock_deliveries_update, record_acks_each, start_timeouts
 from . import Ack, Backend, Rows, marks, raw_cursor
 
 if TYPE_CHECKING:
@@ -120,6 +120,11 @@ class SQLite(Backend):
     def record_acks(self, acks: Sequence[Ack], now: datetime, *,
                     returning: bool) -> Callable[[], list[int]] | None:
         return record_acks_each(acks, now, returning=returning)
+
+    def lock_deliveries(self, account_id: int, holder: str, smuids: Sequence[int],
+                        now: datetime, deadline: datetime, max_retries: int) -> Rows:
+        # One writer: a take never meets another's row lock.
+        return lock_deliveries_update(account_id, holder, smuids, now, deadline, max_retries)
 
     def finish_messages(self, message_ids: list[int], now: datetime) -> None:
         """The facts are read, and the rule applied here (no round trips to save)."""
