@@ -74,7 +74,8 @@ async def consumer():
 def acking(session: SMQPConsumer, outcome: object) -> None:
     """The session's ACK of the message in flight has ``outcome``; its pump is counted."""
 
-    async def ack_inflight() -> bool:
+    async def ack_inflight(smuid: int | None = None) -> bool:
+        session.acked_smuids.append(smuid)
         if isinstance(outcome, Exception):
             raise outcome
         return bool(outcome)
@@ -82,6 +83,7 @@ def acking(session: SMQPConsumer, outcome: object) -> None:
     async def pump_here() -> None:
         session.pumped += 1
 
+    session.acked_smuids = []
     session.delivery.ack_inflight = ack_inflight
     session.delivery.pump_here = pump_here
 
@@ -106,6 +108,22 @@ async def test_a_310_ack_is_answered_alike_on_the_session_and_on_its_notify_port
     assert writer.data == answer
     assert kicked == ([1] if next_goes else [])
     assert gone == [port] and writer.closed  # the client's end closed it: gone
+    assert consumer.acked_smuids == [None, None]  # bare ACKs: the oldest in flight
+
+
+async def test_an_ack_naming_its_message_is_passed_on_from_both_connections(consumer):
+    """Profile §9.7: ``310 ACK <smuid>`` answers that message, on the session and on its
+    notify port alike; a malformed one is refused there, as on the session."""
+    acking(consumer, True)
+    await consumer._dispatch(c.Ack(smuid=42))
+    reader, writer = asyncio.StreamReader(), Writer()
+    port = NotifyPort(reader, writer, answer_ack=consumer.answer_ack, next_may_go=lambda: None,
+                      gone=lambda p: None, closing=lambda: False)
+    reader.feed_data(b"310 ACK 43\r\n310 ACK x\r\n")
+    reader.feed_eof()
+    await asyncio.wait_for(port._task, 5)
+    assert consumer.acked_smuids == [42, 43]
+    assert writer.data.startswith(b"310 ACK\r\n400 ")
 
 
 async def test_the_notify_port_reads_nothing_but_310_ack(consumer):
