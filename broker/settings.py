@@ -377,6 +377,9 @@ LOGGING = {
 SMQP_MAX_CHILD_TOPICS = env_int("SMQP_MAX_CHILD_TOPICS", 10_000)
 SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT = env_int("SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT", 1000)
 SMQP_MAX_TOPICS_PER_SUBSCRIBE = env_int("SMQP_MAX_TOPICS_PER_SUBSCRIBE", 1000)
+# SET NOTIFY WINDOW (profile §9.7): NOTIFY MESSAGEs a session may have unacknowledged at once,
+# at most (the login reply's Max-Window). Each costs its payload in memory and a timer.
+SMQP_MAX_NOTIFY_WINDOW = env_int("SMQP_MAX_NOTIFY_WINDOW", 256)
 SMQP_TRASH_RETENTION = env_int("SMQP_TRASH_RETENTION", 7 * 86_400)
 SMQP_NOTIFY_CONNECT_TIMEOUT = env_int("SMQP_NOTIFY_CONNECT_TIMEOUT", 5)
 # --- operators' console and /metrics -------------------------------------------------------

@@ -419,6 +419,7 @@ class SMQPConsumer(DoorConsumer):
             # The limits this server enforces (draft 5.1 item 6).
             f"Max-Message-Size: {settings.SMQP_MAX_MESSAGE_BYTES}",
             f"Max-Subscriptions: {settings.SMQP_MAX_SUBSCRIPTIONS_PER_ACCOUNT}",
+            f"Max-Window: {settings.SMQP_MAX_NOTIFY_WINDOW}",  # profile §9.7
             f"Guid: {session.guid}",
         )
 
@@ -535,6 +536,14 @@ class SMQPConsumer(DoorConsumer):
         self.suspended = True
         self.reply(200, "OK")
 
+    async def cmd_set_notify_window(self, cmd: c.SetNotifyWindow) -> None:
+        """Profile §9.7: up to n NOTIFY MESSAGEs unacknowledged at once; those it lets go
+        now leave in the write of this 200 OK."""
+        more = self.delivery.set_window(read.delivery_window(cmd.window))
+        self.reply(200, "OK")
+        if more:
+            await self.delivery.pump_here()
+
     async def cmd_set_notify_resume(self, cmd: c.SetNotifyResume) -> None:
         # The draft: RESUME without a SUSPEND is ignored (and still answered).
         self.suspended = False
@@ -625,7 +634,7 @@ class SMQPConsumer(DoorConsumer):
         return not self.suspended
 
     def queue_credit(self, topic: str) -> int | None:
-        return None  # one message in flight at a time is the limit
+        return None  # the window (SET NOTIFY WINDOW) is the limit
 
     async def write_message(self, smuid: int, payload: Payload) -> bool:
         topic, cmuid, msg = payload
@@ -633,15 +642,16 @@ class SMQPConsumer(DoorConsumer):
             serialize_notify_message(topic, f"{self._context}/{smuid}", cmuid, msg))
 
     async def locks_expired(self, held: list) -> None:
-        pass  # (locks here end with the message in flight: the client's answer is refused)
+        pass  # (locks here end with their message in flight: the client's answer is refused)
 
     async def cmd_ack(self, cmd: c.Ack) -> None:
         try:
-            recorded = await self.delivery.ack_inflight()
+            recorded = await self.delivery.ack_inflight(cmd.smuid)
         except ServiceError as exc:
             if exc.code != 409:
                 raise
-            # Queue mode, the lock lost: refused, and the next message goes all the same.
+            # Queue mode, the lock lost (or no such message in flight): refused, and the
+            # next message goes all the same.
             self.reply(exc.code, exc.text)
         else:
             if not recorded:
@@ -683,9 +693,12 @@ class SMQPConsumer(DoorConsumer):
                     continue
                 if writer.is_closing():
                     break
-                if text == b"310 ACK":
+                ack = _notify_channel_ack(text)
+                if isinstance(ack, ProtocolError):
+                    writer.write(f"{ack.code} {ack.text}\r\n".encode())
+                elif ack is not None:
                     try:
-                        recorded = await self.delivery.ack_inflight()
+                        recorded = await self.delivery.ack_inflight(ack.smuid)
                     except ServiceError as exc:
                         writer.write(f"{exc.code} {exc.text}\r\n".encode())
                         if exc.code == 409:  # queue mode, the lock lost: the next one goes
@@ -746,6 +759,18 @@ class SMQPConsumer(DoorConsumer):
             self._close_notify_channel()
             return False
         return True
+
+def _notify_channel_ack(line: bytes) -> c.Ack | ProtocolError | None:
+    """A line read on the SET NOTIFY PORT connection: the ``310 ACK [<smuid>]`` it holds, its
+    refusal when malformed, None when it is something else."""
+    if line != b"310 ACK" and not line.startswith(b"310 ACK "):
+        return None
+    try:
+        command = c.parse_command_line(line.decode("ascii"))
+    except (ProtocolError, UnicodeDecodeError) as exc:
+        return exc if isinstance(exc, ProtocolError) else ProtocolError(400, "Bad request")
+    return command if isinstance(command, c.Ack) else None
+
 
 _watchers: tuple[float, asyncio.Future] | None = None
 

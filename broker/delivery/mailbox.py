@@ -6,15 +6,17 @@ session's pump takes the next one, loads and checks it, has the door write it in
 form and reports what happened (sent, ACKed, given up). Times are passed in (the event-loop
 clock), so every rule here can be tested without a socket, a database or a loop.
 
-One message at a time is in flight (sent, its ACK awaited); the others wait in a heap ordered
-by (priority, smuid): lower priority first, then FIFO, since smuids grow in commit order.
+Up to :attr:`Mailbox.window` messages are in flight (sent, their ACK awaited; profile §9.7,
+one unless the session asked for more), each with its own attempts and retry deadline; the
+others wait in a heap ordered by (priority, smuid): lower priority first, then FIFO, since
+smuids grow in commit order. In flight, they are kept in the order they were first sent: a
+bare ``310 ACK`` answers the oldest, ``310 ACK <smuid>`` the one it names.
 
 Queue mode (profile §9.6): the door locks a message in the store before it sends it, and
 keeps the lock here (:meth:`Mailbox.lock`). At the lock's deadline the message is not sent
-again to this session: the lock ends and the message goes to the next subscriber. The
-in-flight slot stays taken (the *lost* message) until the client answers it: with SMQP's
-``310 ACK``, which names no message, a NOTIFY sent meanwhile would make that answer
-ambiguous.
+again to this session: the lock ends and the message goes to the next subscriber. Its
+in-flight slot stays taken (the *lost* message) until the client answers it: a bare
+``310 ACK`` names no message, and freeing the slot would let that answer take the next one.
 
 The waiting heap holds one page of the store's backlog at most. Once more is waiting for the
 account than that (a subscriber slower than its publishers, or a long backlog), the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 # take_next(): nothing is held in memory, but the store holds more (read the next page).
@@ -34,20 +37,35 @@ NEED_PAGE: Final = "need page"
 RETRY: Final = "retry"
 GIVE_UP: Final = "give up"
 # retry_due(), queue mode: the lock of the message in flight ended at its deadline (the door
-# releases it in the store); the in-flight slot stays taken until the client's answer.
+# releases it in the store); its in-flight slot stays taken until the client's answer.
 LOCK_ENDED: Final = "lock ended"
+
+
+@dataclass(slots=True)
+class InFlight:
+    """One message sent and not answered yet: what the door writes for it (``payload``),
+    whether it went under a queue-mode lock, the times it was written and when its ACK is
+    due (the topic's retry policy, as of its last attempt)."""
+
+    payload: Any
+    locked: bool = False
+    attempts: int = 0
+    retry_deadline: float | None = None
+    max_retries: int = 0
 
 
 class Mailbox:
     """One session's delivery state. ``payload`` is whatever the door sends for a message
     (the dispatcher's (topic path, Cmuid header, message)); the mailbox only keeps it."""
 
-    __slots__ = ("_horizon", "_live", "_locks", "_max_retries", "_paged_in_pass", "_queued",
-                 "_skip", "_waiting", "_withdrawn", "attempts", "inflight", "inflight_locked",
-                 "inflight_payload", "page_size", "preparing", "retry_deadline")
+    __slots__ = ("_acking", "_flight", "_horizon", "_live", "_locks", "_paged_in_pass",
+                 "_queued", "_returning", "_skip", "_waiting", "_withdrawn", "page_size",
+                 "preparing", "window")
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, window: int = 1) -> None:
         self.page_size = page_size
+        # Messages that may be in flight at once (profile §9.7; 1 is the draft's behaviour).
+        self.window = window
         self._waiting: list[tuple[int, int]] = []  # heap of (priority, smuid)
         self._queued: set[int] = set()  # smuids in _waiting
         self._skip: set[int] = set()  # in _waiting, but ACKed by another session: not to send
@@ -63,33 +81,39 @@ class Mailbox:
         self._horizon: tuple[int, int] | None = None
         # This pass of the door's pump read a page and has sent nothing since (see take_next).
         self._paged_in_pass = False
-        self.inflight: int | None = None  # sent, its ACK awaited
-        self.inflight_payload: Any = None
-        self.inflight_locked = False  # the message in flight went under a queue-mode lock
+        # Sent, their ACK awaited, oldest first (a dict keeps the order of first sending).
+        self._flight: dict[int, InFlight] = {}
+        # In flight and their ACK being recorded: another ACK does not name them again.
+        self._acking: set[int] = set()
+        # Lost messages (in flight, their lock ended) offered again to this account: they
+        # wait for the client's answer to the lost one (smuid → priority).
+        self._returning: dict[int, int] = {}
         # Taken from the heap, being loaded and checked by the door: not in flight yet, but
         # the same message offered meanwhile is not queued again (it would go twice).
         self.preparing: int | None = None
-        self.attempts = 0  # times the message in flight was sent
-        self.retry_deadline: float | None = None  # when it is sent again without an ACK
-        self._max_retries = 0
         self._locks: dict[int, float] = {}  # smuid → lock deadline (queue mode)
 
     # ------------------------------------------------------------------ offers
 
     def offer(self, priority: int, smuid: int, *, live: bool = False) -> bool:
-        """A message for this session's account. True when it was queued and nothing is in
-        flight: the door should start its pump (unless it runs already). ``live``: offered
-        at its commit (not read from the store), see :meth:`forget`."""
+        """A message for this session's account. True when it was queued and the window has
+        room: the door should start its pump (unless it runs already). ``live``: offered at
+        its commit (not read from the store), see :meth:`forget`."""
         if smuid in self._queued:
             if live and smuid not in self._skip:
                 self._live.add(smuid)
             if smuid in self._withdrawn:  # moved away, and back to this account since
                 self._withdrawn.discard(smuid)
                 self._skip.discard(smuid)
-                return self.inflight is None
+                return self.has_room
             return False
-        if smuid == self.preparing or (smuid == self.inflight and not self.lock_lost):
-            # (A lost message may come back to this account: queued for after its answer.)
+        if smuid == self.preparing:
+            return False
+        if smuid in self._flight:
+            if self.lost(smuid):
+                # Its lock ended and it came back to this account: it goes again once the
+                # client has answered the lost one (one smuid is in flight once at most).
+                self._returning[smuid] = priority
             return False
         if self._horizon is None and len(self._waiting) >= self.page_size:
             # A subscriber slower than its publishers: hold a page in memory, no more. The
@@ -101,7 +125,7 @@ class Mailbox:
         self._queued.add(smuid)
         if live:
             self._live.add(smuid)
-        return self.inflight is None
+        return self.has_room
 
     def page(self, rows: Sequence[tuple[int, int, int]], full: bool) -> bool:
         """A page of the store's backlog for this session's account: (account, priority,
@@ -123,6 +147,8 @@ class Mailbox:
         goes, and is ACKed here as well."""
         if smuid in self._queued and (live_too or smuid not in self._live):
             self._skip.add(smuid)
+        if live_too:
+            self._returning.pop(smuid, None)
 
     def withdraw(self, smuid: int) -> None:
         """Queue mode: the store moved the message to another account: do not try to send it
@@ -130,22 +156,35 @@ class Mailbox:
         if smuid in self._queued:
             self._skip.add(smuid)
             self._withdrawn.add(smuid)
+        self._returning.pop(smuid, None)
 
     @property
     def idle(self) -> bool:
         """Nothing in flight, nothing waiting here or in the store beyond a page (the
         dispatcher's backlog sweep offers the store's backlog to idle sessions)."""
-        return self.inflight is None and not self._waiting and self._horizon is None
+        return not self._flight and not self._waiting and self._horizon is None
+
+    @property
+    def has_room(self) -> bool:
+        """Fewer messages in flight than the window: another may go."""
+        return len(self._flight) < self.window
 
     @property
     def ready(self) -> bool:
-        """Nothing in flight, and something to send (held, or a page to read)."""
-        return self.inflight is None and (bool(self._waiting) or self._horizon is not None)
+        """Room in the window, and something to send (held, or a page to read)."""
+        return self.has_room and (bool(self._waiting) or self._horizon is not None)
+
+    def set_window(self, window: int) -> bool:
+        """The session's window is now ``window`` (≥ 1; checked by the services): True when
+        there is room and something to send (kick the pump). Shrunk below what is in flight,
+        nothing more goes until enough of those are answered."""
+        self.window = window
+        return self.ready
 
     # ------------------------------------------------------------------ sending
 
     def begin_pass(self) -> None:
-        """The door's pump starts a pass (it takes messages until one is in flight, or none
+        """The door's pump starts a pass (it takes messages until the window is full, or none
         is left): a page read before it (at login, at SUBSCRIBE) does not end paging."""
         self._paged_in_pass = False
 
@@ -180,32 +219,47 @@ class Mailbox:
         self.preparing = None
 
     def send(self, smuid: int, payload: Any, *, locked: bool = False) -> None:
-        """The message taken goes: in flight from now, no attempt made yet. ``locked``: in
-        queue mode, under the lock the door took (:meth:`lock`)."""
+        """The message taken goes: in flight from now (the newest), no attempt made yet.
+        ``locked``: in queue mode, under the lock the door took (:meth:`lock`)."""
         self.preparing = None
-        self.inflight, self.inflight_payload, self.attempts = smuid, payload, 0
-        self.inflight_locked = locked
-        self.retry_deadline = None
+        self._flight[smuid] = InFlight(payload, locked)
         self._paged_in_pass = False
 
-    def attempt(self) -> tuple[int, Any] | None:
-        """The door writes the message in flight (again): (smuid, payload), the attempt
-        counted (an ACK that comes while it is written counts it); None when nothing is in
-        flight (ACKed in the meantime)."""
-        if self.inflight is None:
+    def flight(self, smuid: int | None = None) -> InFlight | None:
+        """The state of ``smuid`` in flight (the oldest when None); None when not in flight."""
+        if smuid is None:
+            return next(iter(self._flight.values()), None)
+        return self._flight.get(smuid)
+
+    @property
+    def in_flight(self) -> list[int]:
+        """The messages in flight, oldest first."""
+        return list(self._flight)
+
+    def attempt(self, smuid: int | None = None) -> tuple[int, Any] | None:
+        """The door writes ``smuid`` (the oldest in flight when None) (again): (smuid,
+        payload), the attempt counted (an ACK that comes while it is written counts it);
+        None when it is not in flight (ACKed in the meantime)."""
+        if smuid is None:
+            smuid = self.inflight
+            if smuid is None:
+                return None
+        entry = self._flight.get(smuid)
+        if entry is None:
             return None
-        self.attempts += 1
-        return self.inflight, self.inflight_payload
+        entry.attempts += 1
+        return smuid, entry.payload
 
     def sent(self, smuid: int, now: float, retry_timeout: float, max_retries: int) -> float | None:
         """The attempt is written, at ``now``; the topic's retry policy applies. The deadline
         for its ACK, after which :meth:`retry_due` decides; None when the message is no
         longer in flight (ACKed while it was written)."""
-        if self.inflight != smuid:
+        entry = self._flight.get(smuid)
+        if entry is None:
             return None
-        self.retry_deadline = now + retry_timeout
-        self._max_retries = max_retries
-        return self.retry_deadline
+        entry.retry_deadline = now + retry_timeout
+        entry.max_retries = max_retries
+        return entry.retry_deadline
 
     def retry_due(self, smuid: int) -> str | None:
         """``smuid``'s retry deadline has passed (the door's timer for it went off): :data:`RETRY`
@@ -213,33 +267,91 @@ class Mailbox:
         mode: release its lock, :meth:`unlock`), or None when it is no longer in flight (or
         its lock ended already). Times are not compared: the door's timer is the clock (an
         event loop may run a timer a clock tick before its time)."""
-        if self.inflight != smuid:
+        entry = self._flight.get(smuid)
+        if entry is None:
             return None
-        if self.inflight_locked:
+        if entry.locked:
             return LOCK_ENDED if smuid in self._locks else None
-        return GIVE_UP if self.attempts > self._max_retries else RETRY
+        return GIVE_UP if entry.attempts > entry.max_retries else RETRY
 
     def gave_up(self, smuid: int) -> None:
         """The message's retries are spent and it is recorded dead: no longer in flight."""
-        if self.inflight == smuid:
-            self.inflight = self.inflight_payload = self.retry_deadline = None
-            self.inflight_locked = False
+        self._answered(smuid)
+
+    def claim_ack(self, smuid: int | None = None) -> tuple[int, InFlight] | None:
+        """The message a client's ACK answers, with its state: the oldest in flight
+        (``smuid`` None) or ``smuid``, if in flight and not being recorded for an earlier
+        ACK already; None when there is none. Until :meth:`acked` (or :meth:`unclaim_ack` if
+        its record fails) no other ACK answers it."""
+        if smuid is None:
+            smuid = next((m for m in self._flight if m not in self._acking), None)
+        entry = self._flight.get(smuid) if smuid is not None else None
+        if smuid is None or entry is None or smuid in self._acking:
+            return None
+        self._acking.add(smuid)
+        return smuid, entry
+
+    def unclaim_ack(self, smuid: int) -> None:
+        """The ACK claimed could not be recorded: the message waits for an ACK again."""
+        self._acking.discard(smuid)
 
     def acked(self, smuid: int | None = None) -> None:
-        """The ACK of the message in flight (``smuid``, when the door read it before awaiting
-        the record) is recorded (or, queue mode, refused): nothing is in flight. If another
-        message went in flight meanwhile (the first gave up while its ACK was being recorded),
-        that one stays. Its lock, if any, stays until the door unlocks it."""
-        if smuid is not None and self.inflight != smuid:
+        """The ACK of ``smuid`` (the oldest in flight when None) is recorded (or, queue mode,
+        refused): it is no longer in flight. Nothing when it is not in flight (it gave up
+        while its ACK was being recorded, and another went in flight since). Its lock, if
+        any, stays until the door unlocks it."""
+        if smuid is None:
+            smuid = self.inflight
+            if smuid is None:
+                return
+        self._answered(smuid)
+
+    def _answered(self, smuid: int) -> None:
+        if self._flight.pop(smuid, None) is None:
             return
-        self.inflight = self.inflight_payload = self.retry_deadline = None
-        self.inflight_locked = False
+        self._acking.discard(smuid)
+        priority = self._returning.pop(smuid, None)
+        if priority is not None:  # a lost one that came back: it may go again now
+            self.offer(priority, smuid)
+
+    def lost(self, smuid: int) -> bool:
+        """Queue mode: ``smuid`` went under a lock that has ended (its deadline passed): the
+        client's answer to it is refused, and its slot stays taken until then."""
+        entry = self._flight.get(smuid)
+        return entry is not None and entry.locked and smuid not in self._locks
+
+    # ------------------------------------------------------- the oldest in flight (window 1)
+
+    @property
+    def inflight(self) -> int | None:
+        """The oldest message in flight (with a window of one, the one); None when none."""
+        return next(iter(self._flight), None)
+
+    @property
+    def inflight_payload(self) -> Any:
+        entry = self.flight()
+        return None if entry is None else entry.payload
+
+    @property
+    def inflight_locked(self) -> bool:
+        entry = self.flight()
+        return entry is not None and entry.locked
+
+    @property
+    def attempts(self) -> int:
+        entry = self.flight()
+        return 0 if entry is None else entry.attempts
+
+    @property
+    def retry_deadline(self) -> float | None:
+        entry = self.flight()
+        return None if entry is None else entry.retry_deadline
 
     @property
     def lock_lost(self) -> bool:
-        """Queue mode: the message in flight went under a lock that has ended (its deadline
-        passed): the client's answer to it is refused, and nothing else is sent before."""
-        return self.inflight_locked and self.inflight not in self._locks
+        """The oldest message in flight is :meth:`lost`."""
+        smuid = self.inflight
+        return smuid is not None and self.lost(smuid)
 
     # ------------------------------------------------------------------ queue-mode locks
 
@@ -256,12 +368,9 @@ class Mailbox:
 
     @property
     def unacked(self) -> int:
-        """Messages sent and not ACKed: the one in flight and the queue-mode locks held (the
-        one in flight is usually one of them)."""
-        held = len(self._locks)
-        if self.inflight is not None and self.inflight not in self._locks:
-            held += 1
-        return held
+        """Messages sent and not ACKed: those in flight and the queue-mode locks held (one in
+        flight is usually one of them)."""
+        return len(self._locks) + sum(1 for m in self._flight if m not in self._locks)
 
     @property
     def locks_held(self) -> frozenset[int]:

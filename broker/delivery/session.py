@@ -6,9 +6,10 @@ The door passes in its wire work (:class:`Door`): write one message, whether it 
 its queue credit per queue node, what to tell the client when a lock expires. Two ways of
 answering a delivery exist, chosen by :attr:`Door.acks_on_write`:
 
-- the client ACKs (SMQP): one message is in flight until its ``310 ACK``; without one by the
-  topic's retry timeout it goes again, and after its max retries it is recorded dead. In
-  queue mode it goes under a lock whose deadline ends it instead (profile §9.6).
+- the client ACKs (SMQP): up to the session's window of messages (profile §9.7; one by
+  default) are in flight, each until its ``310 ACK``; one without an ACK by its topic's retry
+  timeout goes again, and after its max retries it is recorded dead. In queue mode each goes
+  under a lock of its own whose deadline ends it instead (profile §9.6).
 - written is delivered (XMPP, profile §3): a fan-out message is ACKed once its frame was
   written (never before); a queue item leaves the in-flight slot once written and stays
   locked (*held*) until its holder consumes or unlocks it, or its lock expires. Up to the
@@ -108,7 +109,8 @@ class SubscriberSession:
         self._pump_task: asyncio.Task | None = None
         self._pumping = False  # _pump() runs (in its task, or inline: pump_here())
         self._tasks: set[asyncio.Task] = set()
-        self._retry: asyncio.TimerHandle | None = None
+        # Retry timers of the messages in flight (client ACKs), by smuid.
+        self._retry: dict[int, asyncio.TimerHandle] = {}
         self._lock_timer: asyncio.TimerHandle | None = None
         self._took_locks = False  # a lock was asked for: the session's locks end with it
         # Queue items locked here and not written yet (or written into a frame the door
@@ -183,8 +185,14 @@ class SubscriberSession:
         if self.mailbox.page(rows, full):
             self.kick()
 
+    def set_window(self, window: int) -> bool:
+        """Up to ``window`` messages in flight from now (profile §9.7; the services checked
+        it against the server's maximum). True when more may go now: the door pumps (with
+        its answer, :meth:`pump_here`) or kicks."""
+        return self.mailbox.set_window(window)
+
     async def _pump(self) -> None:
-        """Send waiting messages until one is in flight (one pump at a time)."""
+        """Send waiting messages until the window is full (one pump at a time)."""
         if self._pumping:
             return
         self._pumping = True
@@ -196,7 +204,7 @@ class SubscriberSession:
     async def _pump_next(self) -> None:
         mailbox, dispatcher = self.mailbox, self.dispatcher
         mailbox.begin_pass()
-        while mailbox.inflight is None and not self.ending and self.door.may_send():
+        while mailbox.has_room and not self.ending and self.door.may_send():
             smuid = mailbox.take_next()
             if smuid is None:
                 break
@@ -232,7 +240,7 @@ class SubscriberSession:
                 mailbox.done_preparing()
                 raise
             mailbox.send(smuid, payload, locked=policy.queue)
-            await self._write_inflight(policy)
+            await self._write_inflight(smuid, policy)
 
     async def _lock(self, smuid: int, policy: DeliveryPolicy) -> bool:
         """Queue mode: lock the message to this session before it is written (profile §9.6);
@@ -248,9 +256,9 @@ class SubscriberSession:
         self.mailbox.lock(smuid, self._loop.time() + policy.retry_timeout)
         return True
 
-    async def _write_inflight(self, policy: DeliveryPolicy | None = None) -> None:
-        """Write the message in flight (again): ``policy`` is its topic's (read when None)."""
-        attempt = self.mailbox.attempt()
+    async def _write_inflight(self, smuid: int, policy: DeliveryPolicy | None = None) -> None:
+        """Write ``smuid``, in flight, (again): ``policy`` is its topic's (read when None)."""
+        attempt = self.mailbox.attempt(smuid)
         if attempt is None:  # ACKed since this (re)send was decided
             return
         smuid, payload = attempt
@@ -267,14 +275,20 @@ class SubscriberSession:
         deadline = self.mailbox.sent(smuid, self._loop.time(), policy.retry_timeout,
                                      policy.max_retries)
         if deadline is not None:
-            if self._retry is not None:
-                self._retry.cancel()
-            self._retry = self._loop.call_at(deadline, self._retry_due, smuid)
+            self._cancel_retry(smuid)
+            self._retry[smuid] = self._loop.call_at(deadline, self._retry_due, smuid)
+
+    def _cancel_retry(self, smuid: int) -> None:
+        timer = self._retry.pop(smuid, None)
+        if timer is not None:
+            timer.cancel()
 
     async def _write_delivered(self, smuid: int, payload: Payload,
                                policy: DeliveryPolicy) -> None:
         mailbox = self.mailbox
         topic, cmuid, message = payload
+        entry = mailbox.flight(smuid)
+        attempts = entry.attempts if entry is not None else 1
         if policy.queue:
             # Held before it is written: the holder's answer may come while it is.
             item_id = pubsub_service.item_id_of(cmuid, smuid)
@@ -296,7 +310,7 @@ class SubscriberSession:
         self._count_out()
         # Profile §3: delivered once written (a frame the door held for its flush: once
         # the flush wrote it, flush_acks(); if that flush is over already, now).
-        request = ack_service.AckRequest(self.account_id, smuid, mailbox.attempts,
+        request = ack_service.AckRequest(self.account_id, smuid, attempts,
                                          ack_service.may_want_receipt(message), self.door_name)
         if deferred is not None and deferred is self._deferred_acks:
             deferred.append(request)
@@ -330,14 +344,14 @@ class SubscriberSession:
     def _retry_due(self, smuid: int) -> None:
         """No ACK by the retry deadline: send again, or give up; in queue mode the lock ends
         instead."""
-        self._retry = None
+        self._retry.pop(smuid, None)
         if self.ending:
             return
         verdict = self.mailbox.retry_due(smuid)
         if verdict is GIVE_UP:
             self._pump_task = self._spawn(self._give_up(smuid), "giving up")
         elif verdict is RETRY:
-            self._pump_task = self._spawn(self._write_inflight(), "retry")
+            self._pump_task = self._spawn(self._write_inflight(smuid), "retry")
         elif verdict is LOCK_ENDED:
             self._spawn(self._lock_ended(smuid), "lock end")
 
@@ -347,35 +361,43 @@ class SubscriberSession:
         await self._pump()
 
     async def _lock_ended(self, smuid: int) -> None:
-        """Queue mode: the lock of the message in flight reached its deadline without an
-        ACK. It ends (the message goes to the next subscriber), and nothing more is sent
-        here until the client answers it: that answer is refused (409)."""
+        """Queue mode: the lock of a message in flight reached its deadline without an ACK.
+        It ends (the message goes to the next subscriber), and its slot in the window stays
+        taken until the client answers it: that answer is refused (409)."""
         if self.mailbox.unlock(smuid):
             await self.release([smuid])
 
-    async def ack_inflight(self) -> bool:
-        """The client's ACK of the message in flight, recorded (group commit) before the door
-        answers it; False when nothing waited for one. Queue mode: ServiceError 409 when the
-        lock was lost (nothing consumed; nothing is in flight afterwards either way)."""
+    async def ack_inflight(self, smuid: int | None = None) -> bool:
+        """The client's ACK of a message in flight (the oldest; ``smuid``: that one),
+        recorded (group commit) before the door answers it. False when nothing waited for
+        one (a bare ACK); ServiceError 409 when ``smuid`` is not in flight here, and in
+        queue mode when its lock was lost (nothing consumed; it is no longer in flight
+        afterwards either way)."""
         mailbox = self.mailbox
-        smuid = mailbox.inflight
-        if smuid is None:
+        claimed = mailbox.claim_ack(smuid)
+        if claimed is None:
+            if smuid is not None:
+                raise conflict(f"no message {smuid} waits for 310 ACK here")
             return False
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        payload = mailbox.inflight_payload
-        receipt = payload is None or ack_service.may_want_receipt(payload[2])
-        request = ack_service.AckRequest(self.account_id, smuid, mailbox.attempts, receipt,
+        target, entry = claimed
+        self._cancel_retry(target)
+        receipt = entry.payload is None or ack_service.may_want_receipt(entry.payload[2])
+        request = ack_service.AckRequest(self.account_id, target, entry.attempts, receipt,
                                          self.door_name)
-        if not mailbox.inflight_locked:
-            await self.dispatcher.ack(request, self.handle)
-            mailbox.acked(smuid)
+        if not entry.locked:
+            try:
+                await self.dispatcher.ack(request, self.handle)
+            except BaseException:
+                # Not recorded: it waits for an ACK again, and goes again at its deadline.
+                mailbox.unclaim_ack(target)
+                self._rearm(target)
+                raise
+            mailbox.acked(target)
             return True
         # Queue mode: it consumes the message only while this session holds its lock, as
         # the store decides (another process may have ended it).
         refusal: ServiceError | None = None
-        if not mailbox.unlock(smuid):  # its deadline passed here: released already
+        if not mailbox.unlock(target):  # its deadline passed here: released already
             refusal = conflict("lock not held")
         else:
             try:
@@ -383,15 +405,27 @@ class SubscriberSession:
                     request, self.session.guid if self.session else "", self.handle)
             except ServiceError as exc:
                 if exc.code != 409:
+                    mailbox.unclaim_ack(target)
                     raise
                 refusal = exc
                 # Its deadline passed in the store before here (or a sweep ended it): the
                 # lock ends now rather than at the next sweep.
-                await self.release([smuid])
-        mailbox.acked(smuid)
+                await self.release([target])
+            except BaseException:
+                mailbox.unclaim_ack(target)
+                raise
+        mailbox.acked(target)
         if refusal is not None:
             raise refusal
         return True
+
+    def _rearm(self, smuid: int) -> None:
+        """The retry timer of ``smuid`` again, at the deadline it had (an ACK that failed)."""
+        entry = self.mailbox.flight(smuid)
+        if entry is not None and entry.retry_deadline is not None and not self.ending:
+            self._cancel_retry(smuid)
+            self._retry[smuid] = self._loop.call_at(entry.retry_deadline, self._retry_due,
+                                                    smuid)
 
     # ------------------------------------------------------ held items (written is delivered)
 
@@ -496,9 +530,10 @@ class SubscriberSession:
         if self.closed:
             return
         self.closed = True
-        for timer in (self._retry, self._lock_timer):
+        for timer in (*self._retry.values(), self._lock_timer):
             if timer is not None:
                 timer.cancel()
+        self._retry.clear()
         if self.dispatcher is not None:
             self.dispatcher.unregister(self.handle)
         current = asyncio.current_task()

@@ -20,8 +20,8 @@ from topics.models import Topic
 from ual.models import Right
 from ual.resolution import AccessSnapshot, snapshot_for_id
 
+from . import bad_request, unauthorized
 from . import topics as topic_service
-from . import unauthorized
 from .ack import mark_dead
 from .deliveries import NO_PRIORITY, effective, receive_right
 from .freshness import answer_from_fresh_caches
@@ -152,6 +152,15 @@ class DeliveryPolicy(NamedTuple):
     retry_timeout: int
     max_retries: int
     queue: bool
+
+
+def delivery_window(n: int) -> int:
+    """A session's delivery window (profile §9.7: SET NOTIFY WINDOW), 1 to the server's
+    Max-Window; 400 otherwise, as SET NOTIFY refuses a bad value."""
+    maximum = settings.SMQP_MAX_NOTIFY_WINDOW
+    if not 1 <= n <= maximum:
+        raise bad_request(f"window must be 1 to {maximum}")
+    return n
 
 
 def retry_policy(topic_path: str) -> DeliveryPolicy:

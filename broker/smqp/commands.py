@@ -54,6 +54,7 @@ __all__ = [
     "SetNotifyPort",
     "SetNotifyResume",
     "SetNotifySuspend",
+    "SetNotifyWindow",
     "SetTopicKeywords",
     "SetTopicName",
     "Subscribe",
@@ -264,6 +265,18 @@ class SetNotifyResume:
 
 
 @dataclass(frozen=True, slots=True)
+class SetNotifyWindow:
+    """``SET NOTIFY WINDOW <n>`` (profile §9.7): up to n NOTIFY MESSAGEs unacknowledged at
+    once (n ≥ 1 here; the server's Max-Window is the services' check)."""
+
+    name: ClassVar[str] = "SET NOTIFY WINDOW"
+    window: int
+
+    def _wire(self) -> str:
+        return f"SET NOTIFY WINDOW {self.window}"
+
+
+@dataclass(frozen=True, slots=True)
 class FindTopic:
     """``FIND TOPIC <pattern> [(kw,...)]``."""
 
@@ -390,12 +403,14 @@ class GetTopicKeywords:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """The client's ``310 ACK`` after a NOTIFY MESSAGE."""
+    """The client's ``310 ACK`` after a NOTIFY MESSAGE: of the oldest unacknowledged one, or
+    with ``smuid`` of that one (``310 ACK <smuid>``, profile §9.7)."""
 
     name: ClassVar[str] = "ACK"
+    smuid: int | None = None
 
     def _wire(self) -> str:
-        return "310 ACK"
+        return "310 ACK" if self.smuid is None else f"310 ACK {self.smuid}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +441,7 @@ Command = (
     | SetNotifyPort
     | SetNotifySuspend
     | SetNotifyResume
+    | SetNotifyWindow
     | FindTopic
     | Publish
     | Republish
@@ -622,6 +638,8 @@ def _p_set(rest: str) -> Command:
         if attr in ("RESUME", "RES"):
             _end(rest)
             return SetNotifyResume()
+        if attr == "WINDOW":
+            return SetNotifyWindow(parse_int(_last(rest), minimum=1, what="window"))
         raise bad_request("unknown notify attribute")
     raise bad_request("unknown resource")
 
@@ -724,7 +742,12 @@ def _p_get(rest: str) -> GetMessage | GetTopicKeywords:
 
 
 def _p_ack(rest: str) -> Ack:
-    return Ack()
+    # The word after 310 is not checked (a bare "310" was always taken as the ACK); an
+    # argument after it names the message (a bare smuid, as smuids are in commands).
+    _, rest = _take(rest)
+    if not rest:
+        return Ack()
+    return Ack(parse_int(_last(rest), minimum=1, what="smuid"))
 
 
 _PARSERS: dict[str, Callable[[str], Command | PublishStart]] = {

@@ -13,9 +13,11 @@ from tests.support.smqp_session import Session, header
 from tests.support.timing import scaled
 
 
-def ack_answer(session: Session) -> int:
-    """Send ``310 ACK``; the server's answer: 310, or the code of its refusal (409)."""
-    session.sock.sendall(b"310 ACK\r\n")
+def ack_answer(session: Session, smuid: int | None = None) -> int:
+    """Send ``310 ACK`` (``310 ACK <smuid>`` with ``smuid``); the server's answer: 310, or
+    the code of its refusal (409)."""
+    line = b"310 ACK\r\n" if smuid is None else f"310 ACK {smuid}\r\n".encode()
+    session.sock.sendall(line)
     while True:
         event = session._next()
         if isinstance(event, ServerAck):

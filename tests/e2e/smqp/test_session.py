@@ -48,8 +48,9 @@ def test_profile_login_exchange_byte_for_byte(broker_server):
         # The limits the server enforces (draft 5.1 item 6; issue 22), before the Guid.
         assert reply[4] == b"200-Max-Message-Size: 67108864\r\n", reply[4]
         assert reply[5] == b"200-Max-Subscriptions: 1000\r\n", reply[5]
-        assert re.fullmatch(rb"200 Guid: jtegen\d{4,}\r\n", reply[6]), reply[6]
-        assert len(reply) == 7
+        assert reply[6] == b"200-Max-Window: 256\r\n", reply[6]  # profile §9.7
+        assert re.fullmatch(rb"200 Guid: jtegen\d{4,}\r\n", reply[7]), reply[7]
+        assert len(reply) == 8
         c.send(b"NOOP\r\n")
         assert c.read_reply() == [b"200 OK\r\n"]
         c.send(b"QUIT\r\n")

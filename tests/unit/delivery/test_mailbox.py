@@ -492,9 +492,200 @@ def test_unacked_counts_the_message_in_flight_and_the_locks_held():
     box.lock(7, 100.0)
     box.lock(8, 100.0)
     assert box.unacked == 2
-    box.inflight = 8  # in flight under its lock: counted once
+    box.send(8, "p8", locked=True)  # in flight under its lock: counted once
     assert box.unacked == 2
-    box.inflight = 9  # a fan-out message in flight, no lock
+    box.acked(8)  # the lock stays until the door unlocks it
+    box.send(9, "p9")  # a fan-out message in flight, no lock
     assert box.unacked == 3
     box.unlock(7)
     assert box.unacked == 2
+
+
+# ------------------------------------------------------------------ the window (profile §9.7)
+
+
+def fill(mailbox: Mailbox) -> list[int]:
+    """Send what the window lets go, as the pump does: the smuids sent."""
+    out = []
+    while mailbox.has_room:
+        smuid = mailbox.take_next()
+        if smuid is None or smuid is NEED_PAGE:
+            break
+        mailbox.send(smuid, f"p{smuid}")
+        out.append(smuid)
+    return out
+
+
+def test_a_window_lets_n_go_before_any_ack_and_one_more_per_ack():
+    mailbox = Mailbox(100, window=3)
+    for smuid in (1, 2, 3, 4, 5):
+        assert mailbox.offer(1, smuid)  # room: the pump may send
+    assert fill(mailbox) == [1, 2, 3]
+    assert mailbox.in_flight == [1, 2, 3] and not mailbox.has_room
+    assert not mailbox.ready and not mailbox.idle
+    assert mailbox.offer(1, 6) is False  # full: kept for after an ACK
+    mailbox.acked(2)
+    assert mailbox.ready
+    assert fill(mailbox) == [4]
+    assert mailbox.in_flight == [1, 3, 4]
+
+
+def test_the_default_window_is_one():
+    mailbox = Mailbox(PAGE)
+    for smuid in (1, 2):
+        mailbox.offer(1, smuid)
+    assert fill(mailbox) == [1]
+
+
+def test_a_bare_ack_answers_the_oldest_a_named_one_any():
+    mailbox = Mailbox(PAGE, window=4)
+    for smuid in (5, 6, 7, 8):
+        mailbox.offer(1, smuid)
+    fill(mailbox)
+    mailbox.acked(7)  # out of order
+    assert mailbox.in_flight == [5, 6, 8]
+    mailbox.acked()  # the oldest
+    assert mailbox.in_flight == [6, 8] and mailbox.inflight == 6
+    mailbox.acked(99)  # not in flight: nothing
+    assert mailbox.in_flight == [6, 8]
+
+
+def test_the_oldest_is_the_first_sent_whatever_the_priority_of_those_sent_later():
+    mailbox = Mailbox(PAGE, window=2)
+    mailbox.offer(5, 1)
+    assert fill(mailbox) == [1]
+    mailbox.offer(1, 2)  # a higher priority, sent after 1
+    assert fill(mailbox) == [2]
+    assert mailbox.claim_ack() == (1, mailbox.flight(1))
+
+
+def test_an_ack_claims_its_message_once_until_recorded_or_given_back():
+    mailbox = Mailbox(PAGE, window=3)
+    for smuid in (1, 2, 3):
+        mailbox.offer(1, smuid)
+    fill(mailbox)
+    first, entry = mailbox.claim_ack()
+    assert first == 1 and entry.payload == "p1"
+    # While 1's ACK is being recorded, a bare ACK answers the next, a named one not 1.
+    assert mailbox.claim_ack()[0] == 2
+    assert mailbox.claim_ack(1) is None
+    assert mailbox.claim_ack(42) is None  # not in flight here
+    mailbox.unclaim_ack(1)  # its record failed: it waits for an ACK again
+    assert mailbox.claim_ack(1)[0] == 1
+    mailbox.acked(1)
+    mailbox.acked(2)
+    assert mailbox.claim_ack()[0] == 3
+    mailbox.acked(3)
+    assert mailbox.claim_ack() is None and mailbox.idle
+
+
+def test_each_message_in_flight_keeps_its_own_attempts_and_deadline():
+    mailbox = Mailbox(PAGE, window=2)
+    mailbox.offer(1, 1)
+    mailbox.offer(1, 2)
+    fill(mailbox)
+    mailbox.attempt(1)
+    assert mailbox.sent(1, 0.0, retry_timeout=10, max_retries=1) == 10.0
+    mailbox.attempt(2)
+    assert mailbox.sent(2, 5.0, retry_timeout=30, max_retries=1) == 35.0
+    assert mailbox.retry_due(1) is RETRY
+    assert mailbox.attempt(1) == (1, "p1")
+    mailbox.sent(1, 10.0, 10, 1)
+    assert mailbox.retry_due(1) is GIVE_UP  # two attempts of 1, its retries spent ...
+    assert mailbox.flight(2).attempts == 1 and mailbox.retry_due(2) is RETRY  # ... not 2's
+    assert mailbox.flight(2).retry_deadline == 35.0
+    mailbox.gave_up(1)
+    assert mailbox.in_flight == [2] and mailbox.has_room
+
+
+def test_a_retry_keeps_the_message_the_oldest():
+    mailbox = Mailbox(PAGE, window=2)
+    mailbox.offer(1, 1)
+    mailbox.offer(1, 2)
+    fill(mailbox)
+    mailbox.attempt(1)
+    mailbox.attempt(2)
+    mailbox.attempt(1)  # written again, after 2
+    assert mailbox.in_flight == [1, 2]
+    mailbox.acked()
+    assert mailbox.in_flight == [2]
+
+
+def test_a_shrunk_window_sends_nothing_until_below_it():
+    mailbox = Mailbox(PAGE, window=3)
+    for smuid in (1, 2, 3, 4):
+        mailbox.offer(1, smuid)
+    fill(mailbox)
+    assert mailbox.set_window(1) is False
+    mailbox.acked()
+    mailbox.acked()
+    assert not mailbox.ready  # one still in flight: the window is full
+    mailbox.acked()
+    assert mailbox.ready and fill(mailbox) == [4]
+    assert mailbox.set_window(2) is False  # room, but nothing waits
+
+
+def test_a_larger_window_asks_for_the_pump_when_something_waits():
+    mailbox = Mailbox(PAGE)
+    for smuid in (1, 2, 3):
+        mailbox.offer(1, smuid)
+    assert fill(mailbox) == [1]
+    assert mailbox.set_window(3) is True
+    assert fill(mailbox) == [2, 3]
+
+
+def test_a_lost_message_keeps_its_slot_and_the_others_go_on():
+    """Queue mode: 1's lock ended; the bare ACK the client may still send for it must not
+    answer another, so 1 keeps its slot until answered; the rest of the window is used."""
+    mailbox = Mailbox(PAGE, window=2)
+    for smuid in (1, 2, 3):
+        mailbox.offer(1, smuid)
+    mailbox.take_next()
+    mailbox.lock(1, 50.0)
+    mailbox.send(1, "p1", locked=True)
+    mailbox.take_next()
+    mailbox.lock(2, 60.0)
+    mailbox.send(2, "p2", locked=True)
+    mailbox.unlock(1)  # its deadline: released in the store
+    assert mailbox.lost(1) and not mailbox.lost(2) and mailbox.lock_lost
+    assert not mailbox.ready  # 1 and 2 fill the window
+    mailbox.acked(2)
+    assert fill(mailbox) == [3]
+    assert mailbox.claim_ack()[0] == 1  # the bare ACK still answers the lost one (409)
+
+
+def test_a_lost_message_that_comes_back_goes_again_only_after_its_answer():
+    """One smuid is in flight once at most, even with room in the window."""
+    mailbox = Mailbox(PAGE, window=3)
+    mailbox.offer(1, 1)
+    mailbox.take_next()
+    mailbox.lock(1, 50.0)
+    mailbox.send(1, "p1", locked=True)
+    assert mailbox.offer(1, 1) is False  # held here: not again
+    mailbox.unlock(1)
+    assert mailbox.offer(1, 1) is False  # back to this account, but not while in flight
+    assert mailbox.take_next() is None
+    mailbox.acked(1)  # the client's answer (409)
+    assert mailbox.take_next() == 1
+
+
+def test_a_returning_message_consumed_elsewhere_is_not_offered_again():
+    mailbox = Mailbox(PAGE, window=2)
+    mailbox.offer(1, 1)
+    mailbox.take_next()
+    mailbox.lock(1, 50.0)
+    mailbox.send(1, "p1", locked=True)
+    mailbox.unlock(1)
+    mailbox.offer(1, 1)
+    mailbox.forget(1, live_too=True)  # another session of the account consumed it
+    mailbox.acked(1)
+    assert mailbox.take_next() is None and mailbox.idle
+
+
+def test_unacked_counts_every_message_in_flight():
+    mailbox = Mailbox(PAGE, window=3)
+    for smuid in (1, 2, 3):
+        mailbox.offer(1, smuid)
+    fill(mailbox)
+    mailbox.lock(3, 10.0)
+    assert mailbox.unacked == 3

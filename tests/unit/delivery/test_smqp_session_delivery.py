@@ -13,6 +13,7 @@ import pytest
 from broker.consumers.smqp import SMQPConsumer
 from broker.services.ack import AckRequest
 from broker.services.read import DeliveryPolicy
+from broker.smqp import commands as c
 from broker.smqp.message import DataSection, Message
 
 ACCOUNT = 42
@@ -82,7 +83,7 @@ async def session():
 
 def stop(delivery) -> None:
     """Timers and tasks of a session a test leaves behind (no close: no login row to end)."""
-    for handle in (delivery._retry, delivery._lock_timer, *delivery._tasks):
+    for handle in (*delivery._retry.values(), delivery._lock_timer, *delivery._tasks):
         if handle is not None:
             handle.cancel()
 
@@ -120,7 +121,7 @@ async def test_a_message_offered_again_while_it_is_prepared_goes_once(session):
     dispatcher.gate.set()
     await settle()
     assert notified(session.written) == [9]
-    await session.cmd_ack(None)
+    await session.cmd_ack(c.Ack())
     await settle()
     assert dispatcher.acks == [9]
     assert session.mailbox.inflight is None and session.idle
@@ -145,7 +146,7 @@ async def test_another_session_s_ack_skips_what_waits_not_what_is_on_its_way(ses
     dispatcher.gate.set()
     await settle()
     assert notified(session.written) == [9]
-    await session.cmd_ack(None)
+    await session.cmd_ack(c.Ack())
     await settle()
     assert notified(session.written) == [9, 11]
     assert not session.mailbox._skip and session.mailbox._queued == set()

@@ -466,3 +466,76 @@ async def test_a_write_that_outlasts_the_door_s_flush_is_acked_itself(ended):
     await settle()
     assert dispatcher.of("ack") == [("ack", 1)]
     await session.close()
+
+
+# ------------------------------------------------------------------ the window (profile §9.7)
+
+
+async def test_a_window_sends_n_and_acks_answer_any_of_them(ended):
+    session, dispatcher, door = make()
+    assert session.set_window(3) is False  # nothing waits yet
+    offer(session, 1, 2, 3, 4, 5)
+    await settle()
+    assert door.writes() == [1, 2, 3]
+    assert await session.ack_inflight(2)
+    await session.pump_here()
+    assert door.writes() == [1, 2, 3, 4]
+    assert await session.ack_inflight()  # the oldest: 1
+    assert dispatcher.of("ack") == [("ack", 2), ("ack", 1)]
+    with pytest.raises(ServiceError) as refused:
+        await session.ack_inflight(2)  # answered already
+    assert refused.value.code == 409
+    await session.pump_here()
+    assert door.writes() == [1, 2, 3, 4, 5]
+    assert session.mailbox.in_flight == [3, 4, 5]
+    await session.close()
+
+
+async def test_each_message_of_the_window_is_retried_on_its_own_timer(ended):
+    """Retry timeout 0, max retries 1: 7 is ACKed at once, 8 goes twice and is dead; the
+    ACK of 7 stopped only 7's timer."""
+    session, dispatcher, door = make(DeliveryPolicy(0, 1, queue=False))
+    session.set_window(2)
+    offer(session, 7, 8)
+    await asyncio.wait_for(_until(lambda: door.writes()[:2] == [7, 8]), 5)
+    assert await session.ack_inflight(7)
+    await asyncio.wait_for(_until(lambda: dispatcher.of("dead")), 5)
+    assert dispatcher.of("dead") == [("dead", 8)]
+    assert door.writes().count(8) == 2 and door.writes().count(7) == 1
+    assert dispatcher.of("ack") == [("ack", 7)]
+    await session.close()
+
+
+async def test_queue_mode_locks_each_message_of_the_window_and_close_releases_them(ended):
+    session, dispatcher, _ = make(QUEUE)
+    session.set_window(2)
+    offer(session, 4, 5, 6)
+    await settle()
+    assert dispatcher.log[:4] == [("lock", 4), ("write", 4), ("lock", 5), ("write", 5)]
+    assert session.mailbox.locks_held == {4, 5}
+    assert await session.ack_inflight(5)
+    assert dispatcher.of("ack_locked") == [("ack_locked", 5)]
+    assert session.mailbox.locks_held == {4}
+    await session.pump_here()
+    assert session.mailbox.locks_held == {4, 6}
+    await session.close()
+    assert ("release", None) in dispatcher.log
+
+
+async def test_a_failed_ack_record_leaves_the_message_waiting_for_its_ack(ended):
+    session, dispatcher, _ = make()
+    session.set_window(2)
+    offer(session, 1, 2)
+    await settle()
+
+    async def failing(request, session=None, written=False) -> None:
+        raise OSError("store away")
+
+    dispatcher.ack = failing
+    with pytest.raises(OSError):
+        await session.ack_inflight()
+    assert session.mailbox.in_flight == [1, 2] and 1 in session._retry  # timer again
+    del dispatcher.ack
+    assert await session.ack_inflight()  # the oldest is still 1
+    assert dispatcher.of("ack") == [("ack", 1)]
+    await session.close()

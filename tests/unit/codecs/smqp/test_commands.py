@@ -30,6 +30,7 @@ from broker.smqp.commands import (
     SetNotifyPort,
     SetNotifyResume,
     SetNotifySuspend,
+    SetNotifyWindow,
     SetTopicKeywords,
     SetTopicName,
     Subscribe,
@@ -156,6 +157,11 @@ ABBREVIATIONS = [
     ("SET NOTIFY SUS", SetNotifySuspend()),
     ("SET NOTIFY RESUME", SetNotifyResume()),
     ("set notify res", SetNotifyResume()),
+    # Profile §9.7: the delivery window, and an ACK naming its message.
+    ("SET NOTIFY WINDOW 64", SetNotifyWindow(64)),
+    ("set notify window  1 ", SetNotifyWindow(1)),
+    ("310 ACK 1809", Ack(1809)),
+    ("310 ack   1809 ", Ack(1809)),
     ("PUBLISH MESSAGE /a A1", PublishStart("MESSAGE", "/a", "A1")),
     ("PUB MESS /a A1", PublishStart("MESSAGE", "/a", "A1")),
     ("PUB MESSAGES /a A1", PublishStart("MESSAGE", "/a", "A1")),
@@ -257,6 +263,14 @@ BAD_LINES = [
     ("SET NOTIFY PORT x", "invalid port"),
     ("SET NOTIFY SUSPEND now", "unexpected argument"),
     ("SET NOTIFY LOUDER", "unknown notify attribute"),
+    ("SET NOTIFY WINDOW", "missing argument"),
+    ("SET NOTIFY WINDOW 0", "invalid window"),
+    ("SET NOTIFY WINDOW -3", "invalid window"),
+    ("SET NOTIFY WINDOW many", "invalid window"),
+    ("SET NOTIFY WINDOW 4 8", "unexpected argument"),
+    ("310 ACK 0", "invalid smuid"),
+    ("310 ACK host/1809", "invalid smuid"),
+    ("310 ACK 1809 1810", "unexpected argument"),
     ("FIND TOPIC", "missing argument"),
     ("FIND TOPIC /a BLUE", "unexpected argument"),
     ("FIND TOPIC *", "invalid topic"),
@@ -348,5 +362,7 @@ def test_serialize_canonical_forms() -> None:
     assert serialize_command(Unsubscribe("*", P("", True))) == b"UNSUBSCRIBE *\r\n"
     assert serialize_command(Subscribe("SERVER", None)) == b"SUBSCRIBE SERVER TIMEOUT\r\n"
     assert serialize_command(Ack()) == b"310 ACK\r\n"
+    assert serialize_command(Ack(1809)) == b"310 ACK 1809\r\n"
+    assert serialize_command(SetNotifyWindow(64)) == b"SET NOTIFY WINDOW 64\r\n"
     assert serialize_command(RawLine("biws")) == b"biws\r\n"
     assert serialize_command(CreateTopic("/a", ("B C",), "/d")) == b"CREATE TOPIC /a (B C) > /d\r\n"

@@ -191,6 +191,7 @@ simple_commands = st.one_of(
     st.builds(c.SetNotifyPort, st.integers(1, 65535)),
     st.just(c.SetNotifySuspend()),
     st.just(c.SetNotifyResume()),
+    st.builds(c.SetNotifyWindow, st.integers(1, 2**63 - 1)),
     st.builds(c.FindTopic, patterns, st.none() | keywords),
     st.builds(c.Republish, topics, st.integers(1, 2**63 - 1)),
     st.builds(c.Subscribe, st.just("MESSAGE"), patterns, st.none() | datetimes),
@@ -207,6 +208,7 @@ simple_commands = st.one_of(
     st.builds(c.RemoveMessage, topics, smuid_sets),
     st.builds(c.GetTopicKeywords, topics),
     st.just(c.Ack()),
+    st.builds(c.Ack, st.integers(1, 2**63 - 1)),
 )
 all_commands = st.one_of(simple_commands, publishes())
 
