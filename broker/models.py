@@ -256,8 +256,10 @@ class UsageEvent(AppendOnlyModel):
 class QQPResource(models.Model):
     """A ResourceID a publisher's QQP item was stored under (profile: status 1 for the same
     ResourceID again); rows older than ``SMQP_QQP_DEDUP_DAYS`` are forgotten. The row is
-    claimed (no smuid yet) before the item is published, so that the unique constraint, not
-    a race, decides which of two senders of one ResourceID publishes it."""
+    claimed in the transaction of the publish batch that stores the item, and gets its smuid
+    there, so that the unique constraint, not a race, decides which of two senders of one
+    ResourceID publishes it (a row without an smuid was left by an earlier version of the
+    door, which committed its claim before the publish)."""
 
     account = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                                 related_name="+")

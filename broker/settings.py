@@ -466,6 +466,10 @@ CELERY_BEAT_SCHEDULE["api-purge-idempotency-keys"] = {
 # (the wait doubles from a quarter second), and how often the supervisor re-reads the links.
 SMQP_LINK_BACKOFF_MAX = float(os.environ.get("SMQP_LINK_BACKOFF_MAX", "30"))
 SMQP_LINK_RELOAD_SECONDS = float(os.environ.get("SMQP_LINK_RELOAD_SECONDS", "2"))
+# Messages a federation link may have in flight from its peer (SET NOTIFY WINDOW, profile
+# §9.7, up to the peer's Max-Window; a peer without the window sends one at a time). Each
+# window's worth that has arrived is stored in one transaction, in order, then ACKed.
+SMQP_LINK_WINDOW = max(1, int(os.environ.get("SMQP_LINK_WINDOW", "64")))
 # A cluster's one-node jobs (Celery beat, each federation link) run where their lease is
 # held (broker/store/leases.py): another node takes one over at most this long after its
 # holder died (renewed every third of it).

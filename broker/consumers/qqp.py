@@ -3,11 +3,12 @@
 It greets, reads netstring-framed SXDF items (``broker.qqp``), and publishes each through the
 dispatcher's group commit as the SMQP door does, answering a status string once the commit
 is done. Items are taken one at a time: the sender waits for each status (QQP section 2).
+The ResourceID is claimed in the publish batch's transaction (:mod:`broker.services.publish`),
+so the door keeps no record of ResourceIDs of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -27,14 +28,6 @@ logger = logging.getLogger("broker.qqp")
 CONTENT_TYPE = "application/x-sxdf"
 #: The smallest item there is (``0:,``): with less of the SessionLimit left, none fits.
 SMALLEST_ITEM = 3
-
-# A ResourceID being published right now, per (account, ResourceID), in this process: a
-# second item with the same one waits for the first and then gets ``1`` (or is published,
-# when the first was not stored).
-_in_flight: dict[tuple[int, str], asyncio.Future[None]] = {}
-# The tasks recording stored items' smuids (kept referenced until done).
-_recording: set[asyncio.Task[None]] = set()
-
 
 class _Refused(Exception):
     """A status other than 2 for this item: (code, text)."""
@@ -144,36 +137,7 @@ class QQPConsumer:
         if not _resource_id_ok(item.resource_id):
             raise _Refused(5, "the ResourceID is not one printable line of 200 characters")
         account_id = await self._publisher(item)
-        key = (account_id, item.resource_id)
-        while (earlier := _in_flight.get(key)) is not None:
-            await asyncio.shield(earlier)
-        done = asyncio.get_running_loop().create_future()
-        _in_flight[key] = done
-        try:
-            smuid = await self._publish_once(account_id, item)
-        except BaseException:
-            del _in_flight[key]
-            done.set_result(None)
-            raise
-        # The status goes now; the smuid is recorded meanwhile (the claim already keeps a
-        # retry out), and an item with the same ResourceID here waits for that record.
-        task = asyncio.ensure_future(self._record(key, smuid, done))
-        _recording.add(task)
-        task.add_done_callback(_recording.discard)
-
-    async def _record(self, key: tuple[int, str], smuid: int,
-                      done: asyncio.Future[None]) -> None:
-        account_id, rid = key
-        try:
-            await dbthread.run(qqp_resources.stored, account_id, rid, smuid)
-        except DatabaseError:
-            # Stored all the same: the claim stays, and a retry finds the message by its
-            # Cmuid once the claim is stale (qqp_resources.claim).
-            logger.warning("QQP: ResourceID %r of smuid %d not recorded", rid, smuid,
-                           exc_info=True)
-        finally:
-            del _in_flight[key]
-            done.set_result(None)
+        await self._publish_once(account_id, item)
 
     async def _publisher(self, item: protocol.Item) -> int:
         if item.signature is not None:
@@ -200,37 +164,24 @@ class QQPConsumer:
         return self._unsigned_account
 
     async def _publish_once(self, account_id: int, item: protocol.Item) -> int:
-        """Claim the ResourceID and publish the item; its smuid once committed."""
+        """Publish the item, its ResourceID claimed in the same transaction (a replay of a
+        stored one, even in the same batch, stores nothing: status 1); its smuid once
+        committed."""
         rid = item.resource_id
-        try:
-            seen = await dbthread.run(qqp_resources.claim, account_id, rid)
-        except DatabaseError:
-            logger.warning("QQP: the store is unavailable for %s", self.peer, exc_info=True)
-            raise _Refused(4, "the store is unavailable; try again later") from None
-        if seen == qqp_resources.BUSY:
-            raise _Refused(4, "an item with this ResourceID is being stored; try again later")
-        if seen is not None:
-            raise _Refused(1, f"redundant: stored before as {seen}")
         message = codec.Message(
             headers=[("X-Resource-Id", rid)],
             sections=[codec.DataSection([("Content-Type", CONTENT_TYPE)],
                                         item.canonical_data)])
         request = publish.PublishRequest(
             account_id=account_id, guid="", kind="MESSAGE", topic=item.action[len("smqp:"):],
-            cmuid=rid, message=message, peer=self.peer, door="qqp")
+            cmuid=rid, message=message, peer=self.peer, door="qqp", resource_id=rid)
         try:
             published = await get_dispatcher().publish(request)
-        except Exception as exc:
-            await self._release(account_id, rid)
-            if isinstance(exc, ServiceError):
-                raise _refused(exc) from None
+        except ServiceError as exc:
+            raise _refused(exc) from None
+        except Exception:
             logger.exception("QQP publish failed for %s", self.peer)
             raise _Refused(4, "not stored (server error); try again later") from None
+        if isinstance(published, qqp_resources.Redundant):
+            raise _Refused(1, f"redundant: stored before as {published.smuid}")
         return published.smuid
-
-    async def _release(self, account_id: int, resource_id: str) -> None:
-        try:
-            await dbthread.run(qqp_resources.release, account_id, resource_id)
-        except DatabaseError:
-            # The claim stays; once stale, a retry finds nothing stored and publishes.
-            logger.warning("QQP: claim of %r not released", resource_id, exc_info=True)

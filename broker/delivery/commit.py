@@ -107,7 +107,9 @@ class GroupCommit:
 
     def publish(self, request: PublishRequest) -> asyncio.Future[Published]:
         """Queue for the next group commit; the future is done once the message is committed
-        (a plain future: a session with many publishes in flight keeps no task for each)."""
+        (a plain future: a session with many publishes in flight keeps no task for each).
+        A QQP item whose ResourceID was stored before (even in the same batch) gets a
+        :class:`~broker.services.qqp_resources.Redundant` once its batch committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Published] = loop.create_future()
         now = loop.time()

@@ -5,10 +5,16 @@ streams, plain or SMQPS.
 Per session: the greeting, ``LOGIN <account> CLEAR/1.0`` and ``PASS``; then, side by side,
 the interest (SUBSCRIBE / UNSUBSCRIBE MESSAGE on the peer for what subscribers here want
 below ``/<link-name>/``, :func:`broker.services.federation.interest`), the incoming
-messages (each stored or dropped by :func:`~broker.services.federation.accept_forwarded`
-before its ``310 ACK``: the peer counts it forwarded only then), and a NOOP when the line
-has been quiet, to find a peer that vanished without closing. A session that fails is
-started again after a backoff that doubles up to ``SMQP_LINK_BACKOFF_MAX`` seconds.
+messages (stored or dropped by :func:`~broker.services.federation.accept_forwarded_batch`
+before their ``310 ACK``: the peer counts them forwarded only then), and a NOOP when the
+line has been quiet, to find a peer that vanished without closing.
+
+Up to ``SMQP_LINK_WINDOW`` messages are in flight (``SET NOTIFY WINDOW``, profile §9.7, when
+the login reply names a ``Max-Window``): what has arrived when the link is free is stored
+in one transaction, in the order the peer sent it, then each is ACKed by its smuid. A copy
+the peer sends again (its ACK lost with a session) is dropped as a duplicate by its origin.
+A session that fails is started again after a backoff that doubles up to
+``SMQP_LINK_BACKOFF_MAX`` seconds.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from broker.smqp.commands import (
     Noop,
     Pass,
     Quit,
+    SetNotifyWindow,
     Subscribe,
     Unsubscribe,
 )
@@ -112,6 +119,7 @@ class LinkSession:
         self._incoming: asyncio.Queue[NotifyMessage] = asyncio.Queue()
         self._greeting: asyncio.Future[Greeting] | None = None
         self._quiet_since = 0.0
+        self.window = 1  # messages the peer may have in flight to this session
         self._logged_in = False
         self._withdrawing = False
         # Patterns the peer refused (no right there, say), and when to ask again.
@@ -178,8 +186,9 @@ class LinkSession:
             if not greeting.ready:
                 raise LinkError("the peer is not available")
             await self._expect(Login(cfg.account, "CLEAR", "1.0"), "LOGIN")
-            await self._expect(Pass(cfg.account, cfg.password), "PASS")
+            logged_in = await self._expect(Pass(cfg.account, cfg.password), "PASS")
             self._logged_in = True
+            await self._ask_window(logged_in)
             await self._state(Link.State.UP, "")
             logger.info("link %s up (%s:%s)", cfg.name, cfg.host, cfg.port)
             tasks += [asyncio.create_task(self._receive()),
@@ -270,6 +279,22 @@ class LinkSession:
         except TimeoutError:
             raise LinkError(f"no reply to {cmd.name} in {REPLY_TIMEOUT_SECONDS:.0f}s") from None
 
+    async def _ask_window(self, logged_in: Reply) -> None:
+        """SET NOTIFY WINDOW on a peer whose login reply names its Max-Window; a peer
+        without one (or refusing) sends one message at a time."""
+        self.window = 1
+        most = _max_window(logged_in)
+        wanted = min(settings.SMQP_LINK_WINDOW, most or 1)
+        if wanted <= 1:
+            return
+        reply = await self._command(SetNotifyWindow(wanted))
+        if reply.code == 200:
+            self.window = wanted
+            logger.info("link %s: window %d", self.config.name, wanted)
+        else:
+            logger.warning("link %s: SET NOTIFY WINDOW %d refused (%d %s); one at a time",
+                           self.config.name, wanted, reply.code, " ".join(reply.lines))
+
     async def _expect(self, cmd, what: str) -> Reply:
         reply = await self._command(cmd)
         if reply.code != 200:
@@ -279,28 +304,40 @@ class LinkSession:
     # ------------------------------------------------------------------- the work
 
     async def _receive(self) -> None:
-        """Store (or drop) each message, then ACK it: the peer sends the next one only after
-        that, so they are stored in the order it sends them."""
+        """Store (or drop) what has arrived (up to the window), in one transaction and in
+        the order the peer sent it, then ACK each: with a window of one the peer sends the
+        next only after that; with more, it keeps the window full meanwhile."""
         cfg = self.config
         while True:
-            event = await self._incoming.get()
-            try:
-                result = await _db(rules.accept_forwarded, cfg.name, self.imports,
-                                            event.topic, event.message, f"link:{cfg.name}")
-            except ServiceError as exc:
-                # Not ACKed: the peer sends it again after its retry timeout.
-                logger.warning("link %s: %s on %s refused here: %s", cfg.name,
-                               event.message.get("Smuid"), event.topic, exc)
-                await self._state(Link.State.UP, f"refused {event.message.get('Smuid')}: {exc}")
+            events = [await self._incoming.get()]
+            while len(events) < self.window and not self._incoming.empty():
+                events.append(self._incoming.get_nowait())
+            results = await _db(rules.accept_forwarded_batch, cfg.name, self.imports,
+                                [(e.topic, e.message) for e in events], f"link:{cfg.name}")
+            acks = []
+            for event, result in zip(events, results, strict=True):
+                smuid = event.message.get("Smuid")
+                if isinstance(result, ServiceError):
+                    # Not ACKed: the peer sends it again after its retry timeout.
+                    logger.warning("link %s: %s on %s refused here: %s", cfg.name, smuid,
+                                   event.topic, result)
+                    await self._state(Link.State.UP, f"refused {smuid}: {result}")
+                    continue
+                if result.smuid is not None:
+                    self.stored += 1
+                    logger.debug("link %s: stored %s as %s", cfg.name, result.origin,
+                                 result.smuid)
+                else:
+                    self.dropped += 1
+                    logger.debug("link %s: dropped %s (%s)", cfg.name, result.origin,
+                                 result.dropped)
+                # A window's ACKs name their message: one refused above stays unacknowledged
+                # without shifting the others. One at a time, the draft's bare ACK.
+                acks.append(Ack() if self.window == 1 else Ack(_peer_smuid(smuid)))
+            if not acks:
                 continue
-            if result.smuid is not None:
-                self.stored += 1
-                logger.debug("link %s: stored %s as %s", cfg.name, result.origin, result.smuid)
-            else:
-                self.dropped += 1
-                logger.debug("link %s: dropped %s (%s)", cfg.name, result.origin, result.dropped)
             assert self._writer is not None and self._conn is not None
-            self._writer.write(self._conn.send(Ack()))
+            self._writer.write(b"".join(self._conn.send(ack) for ack in acks))
             await self._writer.drain()
 
     async def _interest(self) -> None:
@@ -343,3 +380,19 @@ class LinkSession:
             if loop.time() - self._quiet_since > REPLY_TIMEOUT_SECONDS / 2:
                 await self._expect(Noop(), "NOOP")
             await asyncio.sleep(INTEREST_POLL_SECONDS)
+
+
+def _max_window(reply: Reply) -> int | None:
+    """The peer's ``Max-Window: n`` from its login reply (profile §9.7); None without."""
+    for line in reply.lines:
+        name, _, value = line.partition(":")
+        if name.strip().casefold() == "max-window" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def _peer_smuid(header: str | None) -> int | None:
+    """The number of a delivered message's ``Smuid: <context>/<n>`` (what ``310 ACK <n>``
+    names); None (a bare ACK: the oldest) when it has none."""
+    number = (header or "").strip().rpartition("/")[2]
+    return int(number) if number.isdigit() else None

@@ -148,6 +148,56 @@ def accept_forwarded(link_name: str, imports: list[TopicPattern], peer_topic: st
     this returns, the link may ACK it. Raises ServiceError when it can be neither stored
     nor dropped (a limit of the topic here): the link does not ACK it then, and the peer
     sends it again after its retry timeout."""
+    [result] = accept_forwarded_batch(link_name, imports, [(peer_topic, message)], peer)
+    if isinstance(result, ServiceError):
+        raise result
+    return result
+
+
+def accept_forwarded_batch(link_name: str, imports: list[TopicPattern],
+                           items: list[tuple[str, codec.Message]],
+                           peer: str = "") -> list[Accepted | ServiceError]:
+    """:func:`accept_forwarded` of several messages (a link's window), in one transaction,
+    stored in the order given: each one's ``Accepted``, or the ServiceError that keeps it
+    from being stored or dropped (not to be ACKed). A copy of an origin stored here before,
+    or earlier in the same list, is dropped as a duplicate."""
+    results: list[Accepted | ServiceError | None] = [None] * len(items)
+    # (index, origin, peer's path, the message as stored here, the peer's Cmuid)
+    screened: list[tuple[int, str, str, codec.Message, str]] = []
+    for i, (peer_topic, message) in enumerate(items):
+        outcome = _screen(imports, peer_topic, message)
+        if isinstance(outcome, Accepted):
+            results[i] = outcome
+        else:
+            screened.append((i, outcome[0], peer_topic, outcome[1], message.get("Cmuid") or ""))
+    if not screened:
+        return results  # type: ignore[return-value]
+    try:
+        with transaction.atomic():
+            _store_screened(link_name, screened, results, peer)
+    except IntegrityError:
+        # An origin stored meanwhile by another link (another route): each on its own, so
+        # that only that copy is dropped as the second one.
+        if len(items) == 1:
+            origin = screened[0][1]
+            if FederatedOrigin.objects.filter(origin=origin).exists():
+                return [Accepted(origin, dropped="duplicate")]
+            raise
+        return [_one(link_name, imports, peer_topic, message, peer)
+                for peer_topic, message in items]
+    return results  # type: ignore[return-value]
+
+
+def _one(link_name: str, imports: list[TopicPattern], peer_topic: str,
+         message: codec.Message, peer: str) -> Accepted | ServiceError:
+    [result] = accept_forwarded_batch(link_name, imports, [(peer_topic, message)], peer)
+    return result
+
+
+def _screen(imports: list[TopicPattern], peer_topic: str,
+            message: codec.Message) -> Accepted | tuple[str, codec.Message]:
+    """A forwarded message dropped before any query (malformed, a loop, Depth spent, not
+    imported), or its origin and the message as it is to be stored here."""
     smuid_hdr = (message.get("Smuid") or "").strip()
     try:
         peer_context, _ = parse_smuid_header(smuid_hdr)
@@ -170,29 +220,46 @@ def accept_forwarded(link_name: str, imports: list[TopicPattern], peer_topic: st
         headers.insert(0, ("Created", format_datetime(timezone.now())))
     headers += [("Depth", str(depth - 1 if depth > 0 else -1)), (ORIGIN, origin),
                 (ROUTE, ",".join([*route, me]))]
-    stored = codec.Message(headers, message.sections)
-    try:
-        with transaction.atomic():
-            if FederatedOrigin.objects.filter(origin=origin).exists():
-                return Accepted(origin, dropped="duplicate")
+    return origin, codec.Message(headers, message.sections)
+
+
+def _store_screened(link_name: str, screened: list[tuple[int, str, str, codec.Message, str]],
+                    results: list, peer: str) -> None:
+    """Inside the caller's transaction: the screened messages not stored here before, as one
+    publish batch, in order, with their origins."""
+    seen = set(FederatedOrigin.objects.filter(
+        origin__in=[item[1] for item in screened]).values_list("origin", flat=True))
+    rows: list[tuple[int, str, Topic | Node, NewMessage]] = []
+    for i, origin, peer_topic, stored, cmuid in screened:
+        if origin in seen:
+            results[i] = Accepted(origin, dropped="duplicate")
+            continue
+        try:
             topic = _ensure_topic(f"/{link_name}{peer_topic}")
-            row = _row(topic, stored, link_name, message.get("Cmuid") or "")
-            [result] = publish_prepared([(topic, row)], publisher="system", guid=link_name,
-                                        peer=peer)
-            if isinstance(result, ServiceError):
-                raise result
-            FederatedOrigin.objects.create(origin=origin, message_id=result.smuid,
-                                           link=link_name)
-            notify.messages_committed_on_commit([result])
-    except (ProtocolError, ValueError) as exc:  # a header value that does not parse
-        return Accepted(origin, dropped=f"malformed ({getattr(exc, 'text', exc)})")
-    except IntegrityError:
-        # The same origin stored meanwhile by another link (another route): this copy is
-        # the second one.
-        if FederatedOrigin.objects.filter(origin=origin).exists():
-            return Accepted(origin, dropped="duplicate")
-        raise
-    return Accepted(origin, smuid=result.smuid)
+            row = _row(topic, stored, link_name, cmuid)
+        except (ProtocolError, ValueError) as exc:  # a header value that does not parse
+            results[i] = Accepted(origin, dropped=f"malformed ({getattr(exc, 'text', exc)})")
+            continue
+        except ServiceError as exc:
+            results[i] = exc
+            continue
+        seen.add(origin)
+        rows.append((i, origin, topic, row))
+    if not rows:
+        return
+    published = publish_prepared([(topic, row) for _, _, topic, row in rows],
+                                 publisher="system", guid=link_name, peer=peer)
+    origins = []
+    committed: list[Published] = []
+    for (i, origin, _, _), result in zip(rows, published, strict=True):
+        if isinstance(result, ServiceError):
+            results[i] = result
+            continue
+        results[i] = Accepted(origin, smuid=result.smuid)
+        origins.append(FederatedOrigin(origin=origin, message_id=result.smuid, link=link_name))
+        committed.append(result)
+    FederatedOrigin.objects.bulk_create(origins)
+    notify.messages_committed_on_commit(committed)
 
 
 def _ensure_topic(path: str) -> Topic | Node:

@@ -45,6 +45,10 @@ class PublishRequest:
     #: Which door took it, for the usage reports: "smqp", "xmpp", "rest", "qqp", "console",
     #: "federation".
     door: str = "smqp"
+    #: QQP: the item's ResourceID. Claimed in the batch's transaction: stored at most once
+    #: per publisher within ``SMQP_QQP_DEDUP_DAYS``; a replay's result is a
+    #: :class:`.qqp_resources.Redundant`.
+    resource_id: str | None = None
 
 
 #: Written by a server that stores a forwarded message (:mod:`.federation`), never taken from

@@ -34,6 +34,7 @@ from . import (
     not_acceptable,
     not_found,
     notify,
+    qqp_resources,
     too_large,
     unauthorized,
 )
@@ -52,6 +53,7 @@ from .deliveries import (
 )
 from .freshness import answer_from_fresh_caches, caches_were_stale, is_refusal
 from .prepare import PublishRequest, prepare
+from .qqp_resources import Redundant
 from .selectors import MessageView, message_view, view_of_message
 
 __all__ = [
@@ -102,12 +104,14 @@ def publish_all(requests: list[PublishRequest]) -> list[Published]:
         for result in results:
             if isinstance(result, ServiceError):
                 raise result  # rolls the batch back with the atomic block
+        # (No Redundant: these requests name no ResourceID.)
         published: list[Published] = results  # type: ignore[assignment]
         notify.messages_committed_on_commit(published)
     return published
 
 
-def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceError]:
+def publish_batch(
+        requests: list[PublishRequest]) -> list[Published | ServiceError | Redundant]:
     """Store a group of publishes in one transaction. Each request gets its ``Published`` or
     the ServiceError that refused it; the refused ones store nothing. Access is decided from
     the per-process snapshot cache (:func:`ual.resolution.snapshot_for_id`): no permission
@@ -120,19 +124,79 @@ def publish_batch(requests: list[PublishRequest]) -> list[Published | ServiceErr
 
 
 def publish_batch_held(
-        requests: list[PublishRequest]) -> Iterator[list[Published | ServiceError]]:
+        requests: list[PublishRequest]) -> Iterator[list[Published | ServiceError | Redundant]]:
     """:func:`publish_batch` in two steps: yields the results once the batch's statements
     are on their way (its transaction open, nothing committed yet); resumed, it commits (and
     raises what the COMMIT raised); closed instead, it rolls back. A storage process holds
     a batch so between the two while the batch before it commits on another connection
     (:mod:`broker.store.lanes`)."""
     now = timezone.now()
-    results: list[Published | ServiceError | None] = [None] * len(requests)
+    results: list[Published | ServiceError | Redundant | None] = [None] * len(requests)
     prepared, publishers = _prepare_all(requests, results, now)
     with hot_transaction():
+        prepared, claims = _claim_resources(requests, prepared, results, now)
         prepared = _apply_queue_limits(prepared, results)
         _store_batch(requests, prepared, publishers, results, now)
+        if claims is not None:
+            _settle_claims(claims, results, now)
         yield results  # type: ignore[misc]
+
+
+@dataclass
+class _Claims:
+    """A batch's QQP ResourceIDs: the first publish of each key, by key (the one that may be
+    stored), the later ones of the same key in the batch (replays: they answer as the first
+    does), and the keys claimed in this transaction."""
+
+    first: dict[tuple[int, str], int]
+    repeats: dict[int, int]  # index in the batch → index of the first with its key
+    claimed: set[tuple[int, str]]
+
+
+def _claim_resources(requests: list[PublishRequest], prepared: list[Prepared], results: list,
+                     now: datetime) -> tuple[list[Prepared], _Claims | None]:
+    """Claim the ResourceIDs of the batch's QQP items in its transaction
+    (:func:`.qqp_resources.claim_in_batch`): an item stored before gets its ``Redundant``,
+    a second item of a key in this batch waits for the first's result; neither is stored."""
+    first: dict[tuple[int, str], int] = {}
+    repeats: dict[int, int] = {}
+    for i, _, _ in prepared:
+        rid = requests[i].resource_id
+        if rid is None:
+            continue
+        key = (requests[i].account_id, rid)
+        if key in first:
+            repeats[i] = first[key]
+        else:
+            first[key] = i
+    if not first:
+        return prepared, None
+    claimed, stored_before = qqp_resources.claim_in_batch(list(first), now)
+    for key, smuid in stored_before.items():
+        results[first[key]] = qqp_resources.Redundant(smuid)
+    kept = [item for item in prepared
+            if item[0] not in repeats and results[item[0]] is None]
+    return kept, _Claims(first, repeats, claimed)
+
+
+def _settle_claims(claims: _Claims, results: list, now: datetime) -> None:
+    """After the batch's rows: each claimed ResourceID gets its item's smuid, or goes (the
+    item was refused after all, over a queue limit); replays in the batch answer as their
+    first: ``Redundant`` of its smuid, or its refusal."""
+    stored: list[tuple[tuple[int, str], int]] = []
+    refused: list[tuple[int, str]] = []
+    for key in claims.claimed:
+        result = results[claims.first[key]]
+        if isinstance(result, Published):
+            stored.append((key, result.smuid))
+        else:
+            refused.append(key)
+    qqp_resources.record(stored, now)
+    qqp_resources.unclaim(refused)
+    for i, j in claims.repeats.items():
+        result = results[j]
+        results[i] = qqp_resources.Redundant(result.smuid) \
+            if isinstance(result, Published) else result
 
 
 def publish_prepared(items: list[tuple[Topic | Node, NewMessage]], *, publisher: str,

@@ -1,18 +1,21 @@
 """QQP's rules kept in the store (profile: data items): who an unsigned item is published as,
 and the ResourceIDs a publisher's items were stored under, remembered ``SMQP_QQP_DEDUP_DAYS``
-for duplicate detection."""
+for duplicate detection. A ResourceID is claimed in the transaction of the publish batch
+that stores its item (:func:`claim_in_batch`, called by :mod:`.publish`): the item and its
+claim commit together or not at all."""
 
 from __future__ import annotations
 
 import ipaddress
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import Account
-from broker.models import Message, QQPResource
+from broker.models import QQPResource
+from broker.store import resources
 
 
 def _retained_since():
@@ -66,58 +69,53 @@ def unsigned_account_id() -> int | None:
     return found
 
 
-#: What :func:`claim` answers when another sender's item with the ResourceID is being published.
-BUSY = -1
-#: A claim older than this without an smuid was left by a publish that never finished.
-STALE_CLAIM = timedelta(seconds=60)
+@dataclass
+class Redundant:
+    """A publish's result when its ResourceID was stored before for the publisher, within
+    the retention (QQP status 1): nothing was stored; ``smuid`` is the earlier message."""
+
+    smuid: int
 
 
-def claim(account_id: int, resource_id: str) -> int | None:
-    """Claim the ResourceID before its item is published: None when claimed (publish it),
-    the smuid it was stored as within the retention (a duplicate), or :data:`BUSY`."""
-    now = timezone.now()
-    try:
-        with transaction.atomic():
-            QQPResource.objects.create(account_id=account_id, resource_id=resource_id,
-                                       smuid=None, received=now)
-        return None
-    except IntegrityError:
-        pass
-    with transaction.atomic():
-        row = QQPResource.objects.select_for_update().filter(
-            account_id=account_id, resource_id=resource_id).first()
-        if row is None:  # released meanwhile: the other sender's publish failed
-            return BUSY
-        if row.received < _retained_since():
-            row.smuid, row.received = None, now  # forgotten: this is a new item
-        elif row.smuid is not None:
-            return row.smuid
-        elif now - row.received < STALE_CLAIM:
-            return BUSY
+def claim_in_batch(keys: list[resources.Key], now: datetime) -> tuple[set[resources.Key],
+                                                                      dict[resources.Key, int]]:
+    """Claim ResourceIDs (distinct (account, ResourceID) keys) inside the transaction of the
+    publish batch that stores their items: (the keys claimed, whose items are to be
+    published, then :func:`record`-ed or :func:`unclaim`-ed in the same transaction; the
+    ones stored before, with their smuids).
+
+    The claim and the message commit together, so a claim without an smuid is never seen
+    committed by this code; one found (written by the door before the claim moved into the
+    batch, committed ahead of its publish) is settled by the message itself."""
+    claimed = resources.claim(keys, now)()
+    stored_before: dict[resources.Key, int] = {}
+    others = [key for key in keys if key not in claimed]
+    retained = now - timedelta(days=settings.SMQP_QQP_DEDUP_DAYS)
+    found = resources.held(others)
+    for key in others:
+        smuid, received = found.get(key, (None, None))
+        if key not in found:
+            # Deleted since the claim met it (forget_old): claim it anew.
+            claimed |= resources.claim([key], now)()
+            if key not in claimed:
+                raise RuntimeError(f"ResourceID {key[1]!r} neither claimed nor found")
+        elif received is None or received < retained:
+            claimed.add(key)  # forgotten: a new item (its row is taken over)
+        elif smuid is not None or (smuid := resources.stored_message(*key)) is not None:
+            stored_before[key] = smuid
         else:
-            # A claim left by a publish that never said how it ended (the listener stopped,
-            # the store went away after the commit): the message itself tells.
-            smuid = Message.objects.filter(
-                publisher_id=account_id, cmuid=resource_id).values_list("pk", flat=True).first()
-            if smuid is not None:
-                row.smuid = smuid
-                row.save(update_fields=["smuid"])
-                return smuid
-            row.received = now
-        row.save(update_fields=["smuid", "received"])
-        return None
+            claimed.add(key)
+    return claimed, stored_before
 
 
-def stored(account_id: int, resource_id: str, smuid: int) -> None:
-    """The claimed ResourceID's item was stored as ``smuid``."""
-    QQPResource.objects.filter(account_id=account_id, resource_id=resource_id).update(
-        smuid=smuid)
+def record(stored: list[tuple[resources.Key, int]], now: datetime) -> None:
+    """The claimed ResourceIDs' items were stored (in this transaction) as these smuids."""
+    resources.record(stored, now)
 
 
-def release(account_id: int, resource_id: str) -> None:
-    """The claimed ResourceID's item was not stored: the claim goes."""
-    QQPResource.objects.filter(account_id=account_id, resource_id=resource_id,
-                               smuid=None).delete()
+def unclaim(keys: list[resources.Key]) -> None:
+    """The claimed ResourceIDs' items were refused after all (in this transaction)."""
+    resources.drop(keys)
 
 
 def forget_old() -> int:

@@ -320,3 +320,49 @@ def test_the_admin_form_keeps_the_stored_password_when_left_blank():
     assert not bad.is_valid() and "imports" in bad.errors
     named = LinkForm(data={**data, "name": "Trash"})
     assert not named.is_valid() and "name" in named.errors
+
+
+# ------------------------------------------------------------------------- a link's window
+
+
+def test_a_window_is_stored_in_one_batch_in_order_each_origin_once():
+    window = [("/news/ibm", forwarded(f"a.test/{n}")) for n in (3, 4, 3, 5)]
+    window.append(("/news/ibm", forwarded("a.test/6", depth="0")))  # dropped before any query
+    with override_settings(SMQP_SERVER_CONTEXT=ME):
+        results = fed.accept_forwarded_batch("a", fed.parse_imports("/*"), window)
+    first, second, _again, third, _spent = results
+    assert [r.dropped for r in results] == [None, None, "duplicate", None, "depth"]
+    assert first.smuid < second.smuid < third.smuid  # stored in the order sent
+    assert [headers_of(r.smuid)["X-Origin"] for r in (first, second, third)] == [
+        "a.test/3", "a.test/4", "a.test/5"]
+    # The peer sends the window again (its ACKs lost with the session): nothing twice.
+    with override_settings(SMQP_SERVER_CONTEXT=ME):
+        repeated = fed.accept_forwarded_batch("a", fed.parse_imports("/*"), window[:4])
+    assert [r.dropped for r in repeated] == ["duplicate"] * 4
+    assert Message.objects.count() == 3
+
+
+def test_one_refused_in_a_window_leaves_the_others_stored():
+    topic("/a/news/ibm").__class__.objects.filter(key="/a/news/ibm").update(
+        max_message_size=3)
+    big = forwarded("a.test/8")  # 4 bytes: over the limit here
+    small = codec.Message(big.headers, [codec.DataSection([], b"ok")])
+    small = codec.Message([(k, "a.test/9" if k == "Smuid" else v) for k, v in small.headers],
+                          small.sections)
+    with override_settings(SMQP_SERVER_CONTEXT=ME):
+        refused, stored = fed.accept_forwarded_batch(
+            "a", fed.parse_imports("/*"), [("/news/ibm", big), ("/news/ibm", small)])
+    assert isinstance(refused, ServiceError) and refused.code == 414
+    assert stored.smuid is not None
+    assert list(FederatedOrigin.objects.values_list("origin", flat=True)) == ["a.test/9"]
+
+
+def test_the_link_reads_the_peers_max_window_and_names_its_messages():
+    from broker.federation.link import _max_window, _peer_smuid
+    from broker.smqp import Reply
+
+    assert _max_window(Reply(200, ["OK", "Max-Message-Size: 10", "Max-Window: 256"])) == 256
+    assert _max_window(Reply(200, ["OK", "Max-Message-Size: 10"])) is None
+    assert _peer_smuid("a.test/42") == 42
+    assert _peer_smuid("a.test/ctx/7") == 7
+    assert _peer_smuid(None) is None
