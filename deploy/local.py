@@ -311,9 +311,14 @@ class LocalCluster:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
                user: str | None = None) -> int:
         log = (self.base / "logs" / f"{name}.log").open("a")
+        # A process run as another user starts in the cluster's own folder (0755): the
+        # checkout may sit in a folder only root may enter (a CI job's mktemp -d), and
+        # Patroni, run as postgres there, failed its bootstrap on "Permission denied".
+        cwd = ROOT
         if user is not None:
             argv = ["runuser", "-u", user, "--", *argv]
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            cwd = self.base
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                                 env=env or os.environ.copy(), start_new_session=True)
         log.close()
         self.procs[name] = proc.pid
