@@ -114,20 +114,11 @@ def _run(clients: int, seconds: float, make: Callable[[int], Callable[[], bool |
     return total, elapsed
 
 
-def _rest_publish(url: str, token: str, size: int) -> Callable[[int], Callable[[], bool]]:
-    body = {"sections": [{"text": "x" * size}]}
-
-    def make(i: int) -> Callable[[], bool]:
-        client = httpx.Client(base_url=url, timeout=60,
-                              headers={"Authorization": f"Bearer {token}"})
-        return lambda: client.post("/api/v1/topics/bench/messages", json=body).status_code \
-            == 201
-    return make
-
-
-def _rest_publish_batch(url: str, token: str, size: int,
-                        batch: int) -> Callable[[int], Callable[[], bool]]:
-    body = [{"sections": [{"text": "x" * size}]}] * batch
+def _rest_publish(url: str, token: str, size: int,
+                  batch: int = 0) -> Callable[[int], Callable[[], bool]]:
+    """One publish per call, or with ``batch`` a list of that many messages per call."""
+    one = {"sections": [{"text": "x" * size}]}
+    body: dict | list = [one] * batch if batch else one
 
     def make(i: int) -> Callable[[], bool]:
         client = httpx.Client(base_url=url, timeout=60,
@@ -210,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
                                        "per_second": published.summary("publish").count
                                        / elapsed}
             if args.publish_batch:
-                batched, elapsed_b = _run(args.clients, args.seconds, _rest_publish_batch(
+                batched, elapsed_b = _run(args.clients, args.seconds, _rest_publish(
                     url, token, args.size, args.publish_batch), "publish")
                 summary = batched.summary("publish")
                 rows.append(_row(f"REST batch publish requests ({args.publish_batch} each)",
