@@ -130,13 +130,7 @@ class GroupCommit:
         client waits for an answer. Without a journal such an ACK is not given up when its
         batch fails (a database failover): it goes again until it commits, as journaled
         ones do, and the session is not told of a failure it could do nothing about."""
-        if self.journal is None and written:
-            self.acked[(request.account_id, request.smuid)] = math.inf
-            self._recorded(request)
-            self._acks.append((request, None))
-            self._ack_work.set()
-            return
-        if self.journal is None:
+        if self.journal is None and not written:
             future = asyncio.get_running_loop().create_future()
             # A backlog read running now may not see this ACK's commit: see backlog().
             self.acked[(request.account_id, request.smuid)] = math.inf
@@ -145,12 +139,14 @@ class GroupCommit:
             await future
             self._recorded(request)
             return
-        try:
-            self.journal.append([(request.account_id, request.smuid, request.attempts,
-                                  request.receipt, request.door)])
-        except OSError as exc:
-            logger.exception("writing the ACK journal failed")
-            raise ServiceError(500, "Server error (ACK not recorded)") from exc
+        if self.journal is not None:
+            try:
+                self.journal.append([(request.account_id, request.smuid, request.attempts,
+                                      request.receipt, request.door)])
+            except OSError as exc:
+                logger.exception("writing the ACK journal failed")
+                raise ServiceError(500, "Server error (ACK not recorded)") from exc
+        # Recorded now; no future: the batch that fails goes again (see _ack_loop).
         self.acked[(request.account_id, request.smuid)] = math.inf
         self._recorded(request)
         self._acks.append((request, None))
