@@ -37,6 +37,7 @@ from broker.services import stats as stats_service
 from broker.services import subscriptions as subscription_service
 from broker.services import topics as topic_service
 from broker.services.prepare import PublishRequest
+from broker.services.publish import Published
 from broker.services.selectors import compile_selector
 from broker.store import opsmetrics
 from spark_jobs import tables as report_tables
@@ -44,7 +45,7 @@ from spark_jobs.models import UsageReport
 from topics.tree import Node
 from ual.resolution import AccessSnapshot, snapshot_for
 
-from . import pagination, pullwait
+from . import loopdispatch, pagination
 from . import serializers as s
 from .authentication import Throttled, peer_of
 from .models import ApiToken, IdempotencyKey
@@ -355,6 +356,14 @@ class TopicMessagesView(APIView):
                                    topic=target, cmuid=cmuid, message=message,
                                    peer=peer_of(request), door="rest")
                     for cmuid, message in zip(cmuids, messages, strict=True)]
+        loop = getattr(request, "loop_dispatcher", None)
+        if loop is not None and key is None and not many:
+            # The dispatcher's group commit, which counts it and tells the subscribers. A
+            # batch stays one transaction of its own (all or nothing), and a key is
+            # committed with its messages.
+            published = loop.publish(requests[0])
+            return Response(published_body(published, account, requests[0]),
+                            status=status.HTTP_201_CREATED)
         with transaction.atomic():
             if key is not None:
                 first = IdempotencyKey.objects.filter(account=account, key=key).first()
@@ -365,8 +374,7 @@ class TopicMessagesView(APIView):
                     reply["Idempotent-Replayed"] = "true"
                     return reply
             results = publish_service.publish_all(requests)
-            bodies = [{"smuid": r.smuid, "topic": r.topic_path,
-                       "cmuid": f"{account.username}/rest/{req.cmuid}"}
+            bodies = [published_body(r, account, req)
                       for r, req in zip(results, requests, strict=True)]
             body: dict | list = bodies if many else bodies[0]
             if key is not None:
@@ -385,6 +393,11 @@ class TopicMessagesView(APIView):
         # /metrics); a replayed Idempotency-Key returned above and published nothing.
         opsmetrics.count_now("publish", len(results))
         return Response(body, status=status.HTTP_201_CREATED)
+
+
+def published_body(published: Published, account: Account, request: PublishRequest) -> dict:
+    return {"smuid": published.smuid, "topic": published.topic_path,
+            "cmuid": f"{account.username}/rest/{request.cmuid}"}
 
 
 class TopicMessageView(APIView):
@@ -488,8 +501,8 @@ class SubscriptionView(APIView):
 
 class PullView(APIView):
     """Runs outside the thread Django serves its other synchronous views on
-    (:func:`api.urls.pull_entry`): a long poll here holds only its own thread, and waits
-    for the dispatcher's wake-up (:mod:`api.pullwait`)."""
+    (:func:`api.urls.dispatcher_entry`): a long poll here holds only its own thread, and waits
+    for the dispatcher's wake-up (:mod:`api.loopdispatch`)."""
 
     @extend_schema(request=s.PullRequestSerializer, responses=s.PullSerializer)
     def post(self, request: Request, pk: int) -> Response:
@@ -502,8 +515,8 @@ class PullView(APIView):
                                           settings.SMQP_API_PULL_MAX_WAIT)
         got = pull_service.pull(snap, sub, data["max"])
         if not got and deadline > time.monotonic():
-            wakeups = getattr(request, "pull_wakeups", None)
-            watching = wakeups.watching if wakeups is not None else pullwait.no_wakeups
+            loop = getattr(request, "loop_dispatcher", None)
+            watching = loop.watching if loop is not None else loopdispatch.no_wakeups
             # Only now waits with the dispatcher (a hop to its loop), and looks again once
             # watching: a commit after the first look is not missed.
             with watching(snap.account.pk) as woken:
@@ -526,11 +539,11 @@ class PullView(APIView):
 
 def count(request: Request, kind: str, n: int = 1) -> None:
     """Count ``n`` of a rate kind: with the dispatcher's own counts when the view runs beside
-    one (:func:`api.urls.pull_entry`), else at once."""
+    one (:func:`api.urls.dispatcher_entry`), else at once."""
     if n > 0:
-        wakeups = getattr(request, "pull_wakeups", None)
-        if wakeups is not None:
-            wakeups.count(kind, n)
+        loop = getattr(request, "loop_dispatcher", None)
+        if loop is not None:
+            loop.count(kind, n)
         else:
             opsmetrics.count_now(kind, n)
 

@@ -33,7 +33,8 @@ from collections.abc import Callable
 import httpx
 
 from .isolated import ROOT, BrokerEnv, BrokerSetupError, check_services, isolated_broker
-from .stats import Samples, environment_info, format_table, timestamp, write_results
+from .profiling import PySpy, format_summary, summarize_collapsed
+from .stats import RESULTS_DIR, Samples, environment_info, format_table, timestamp, write_results
 
 SETUP = """
 from accounts.models import Account
@@ -175,6 +176,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=10, help="messages per pull")
     parser.add_argument("--publish-batch", type=int, default=50,
                         help="messages per batch publish request (0: no batch publish run)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample Daphne with py-spy during the single-publish run (slows "
+                             "it down: take figures from a run without it)")
     parser.add_argument("--no-rabbitmq", action="store_true")
 
 
@@ -194,8 +198,23 @@ def main(args: argparse.Namespace) -> int:
             token = broker.manage("token", "create", "root", "bench").stdout.strip()
             sub = httpx.get(url + "/api/v1/subscriptions/", headers={
                 "Authorization": f"Bearer {token}"}).json()["results"][0]["id"]
+            # Warm: the first publish starts Daphne's storage processes and dispatcher.
+            httpx.post(url + "/api/v1/topics/bench/messages", timeout=120, json={
+                "sections": [{"text": "warm"}]}, headers={"Authorization": f"Bearer {token}"},
+            ).raise_for_status()
+            profiler = (PySpy(daphne.pid, RESULTS_DIR / f"{timestamp()}-profile-rest.txt",
+                              args.seconds) if args.profile else None)
+            if profiler is not None and not profiler.start():
+                print(f"profile: {profiler.error}", file=sys.stderr)
+                profiler = None
             published, elapsed = _run(args.clients, args.seconds,
                                       _rest_publish(url, token, args.size), "publish")
+            if profiler is not None:
+                if profiler.wait():
+                    results["profile"] = summarize_collapsed(profiler.output, top=30)
+                    print(format_summary(results["profile"], top=30))
+                else:
+                    print(f"profile: {profiler.error}", file=sys.stderr)
             rows.append(_row("REST publish", published, elapsed, "publish"))
             results["rest_publish"] = {**published.summary("publish").as_dict(),
                                        "per_second": published.summary("publish").count

@@ -2,10 +2,14 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # as get_asgi_application() does
+
+from broker.http import ThreadedASGIHandler  # noqa: E402
+
+django_asgi_app = ThreadedASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402

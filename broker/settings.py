@@ -454,7 +454,8 @@ SMQP_API_PULL_MAX_WAIT = float(os.environ.get("SMQP_API_PULL_MAX_WAIT", "20"))
 # wake-ups); it also looks at the store this often, for what no commit announces (a lock
 # that ran out, a lost wake-up).
 SMQP_API_PULL_POLL_SECONDS = float(os.environ.get("SMQP_API_PULL_POLL_SECONDS", "2"))
-# Daphne's worker threads for REST requests, and apart from them for (long-polling) pulls.
+# Daphne's worker threads for HTTP requests (REST, console, /metrics), and apart from them for
+# REST pulls, which may long-poll (broker/http.py).
 SMQP_API_THREADS = env_int("SMQP_API_THREADS", 8)
 SMQP_API_PULL_THREADS = env_int("SMQP_API_PULL_THREADS", 16)
 # Hours a publish's Idempotency-Key result is kept (then forgotten by a Celery sweep).

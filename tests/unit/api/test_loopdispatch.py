@@ -1,4 +1,4 @@
-"""The REST pull's wait (api.pullwait): the view's thread registers with the event loop's
+"""The REST pull's wait (api.loopdispatch): the view's thread registers with the event loop's
 dispatcher before its first look at the store, is woken by an offer to its account only,
 and is gone from the dispatcher once the pull ends. Over HTTP: e2e/rest/test_pull_wakeup."""
 
@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from api.pullwait import PullWakeups
+import pytest
+
+from api.loopdispatch import LoopDispatcher
+from broker.services import ServiceError
 
 
 class Watchers:
@@ -36,7 +39,7 @@ class Watchers:
 async def test_a_pull_thread_is_woken_by_an_offer_to_its_account_only():
     loop = asyncio.get_running_loop()
     dispatcher = Watchers()
-    wakeups = PullWakeups(loop, dispatcher)
+    wakeups = LoopDispatcher(loop, dispatcher)
     registered = asyncio.Event()
     offered = asyncio.Event()
 
@@ -57,3 +60,37 @@ async def test_a_pull_thread_is_woken_by_an_offer_to_its_account_only():
     assert (other, own) == (False, True)
     await asyncio.sleep(0)  # the unwatch scheduled from the thread
     assert dispatcher.watchers == {}
+
+
+class Committer:
+    """Dispatcher.publish: a future the group commit settles (here, at once)."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+        self.requests: list = []
+
+    def publish(self, request) -> asyncio.Future:
+        assert asyncio.get_running_loop() is not None  # called on the loop, not the thread
+        self.requests.append(request)
+        future = asyncio.get_running_loop().create_future()
+        if isinstance(self.outcome, Exception):
+            future.set_exception(self.outcome)
+        else:
+            future.set_result(self.outcome)
+        return future
+
+
+async def test_a_publish_from_a_view_thread_joins_the_loops_group_commit():
+    loop = asyncio.get_running_loop()
+    committer = Committer("published")
+    result = await asyncio.to_thread(LoopDispatcher(loop, committer).publish, "request")
+    assert result == "published" and committer.requests == ["request"]
+
+
+async def test_a_refusal_by_the_group_commit_is_raised_in_the_view_thread():
+    loop = asyncio.get_running_loop()
+    refusal = ServiceError(404, "Not found (topic)")
+    bridge = LoopDispatcher(loop, Committer(refusal))
+    with pytest.raises(ServiceError) as raised:
+        await asyncio.to_thread(bridge.publish, "request")
+    assert raised.value is refusal
