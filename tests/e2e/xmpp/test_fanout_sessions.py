@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.support.timing import scaled
 from tests.support.xmpp_session import PUBSUB, XmppSession
 
 from .test_xmpp import create, node, ok, session, subscribe, xmpp  # noqa: F401 (fixture)
@@ -37,7 +38,7 @@ def test_every_live_session_of_an_account_gets_every_live_item(xmpp):  # noqa: F
         _publish_back_to_back(pub, path, ids)
         for s in (r1, r2):
             got = []
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + scaled(20)  # a wait budget, not a bound
             while len(got) < len(ids) and (left := deadline - time.monotonic()) > 0:
                 try:
                     got.append(s.event("item", node=path, timeout=left)[1].get("id"))
