@@ -179,11 +179,19 @@ def settle(takes: list[LockTake], acks: list[LockAck]
                                  now)
             consumed.update((account_id, holder, smuid) for holder, smuid in got)
             receipts += sent
-        # Every statement is sent before any result is read: one round trip on PostgreSQL.
-        locking = [stored.lock_delivery(t.account_id, t.holder, t.smuid, now,
-                                        now + timedelta(seconds=t.retry_timeout),
-                                        t.max_retries) for t in takes]
-        took = [bool(rows()) for rows in locking]
+        # One statement per session and policy (a window's takes together), each row
+        # still decided on its own conditions; every statement is sent before any result
+        # is read: one round trip on PostgreSQL.
+        sessions: dict[tuple[int, str, int, int], list[int]] = {}
+        for t in takes:
+            sessions.setdefault((t.account_id, t.holder, t.retry_timeout, t.max_retries),
+                                []).append(t.smuid)
+        locking = [(key, stored.lock_deliveries(key[0], key[1], smuids, now,
+                                                now + timedelta(seconds=key[2]), key[3]))
+                   for key, smuids in sessions.items()]
+        won = {(*key, int(smuid)) for key, rows in locking for smuid, _ in rows()}
+        took = [(t.account_id, t.holder, t.retry_timeout, t.max_retries, t.smuid) in won
+                for t in takes]
     acked = []
     for ack in acks:  # an ACK given twice in one batch consumes once
         key = (ack.account_id, ack.holder, ack.smuid)
