@@ -11,6 +11,7 @@ from broker.services.removal import remove_messages
 from broker.services.selectors import SelectorError, compile_selector
 from broker.services.stats import DELIVERY_COUNTS, message_status
 from topics.admin import console_snapshot, refusal
+from topics.display import breakable_path
 
 from .models import DataSection, Delivery, Message, QQPKey, Subscription, UsageEvent
 
@@ -25,7 +26,7 @@ class DataSectionInline(admin.TabularInline):
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
-    list_display = ("id", "topic", "publisher", "cmuid", "name", "priority", "status",
+    list_display = ("id", "topic_shown", "publisher", "cmuid", "name", "priority", "status",
                     "received", "size")
     list_filter = ("state",)
     list_select_related = ("topic", "publisher")
@@ -37,6 +38,10 @@ class MessageAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(**DELIVERY_COUNTS)
+
+    @admin.display(description="topic", ordering="topic__path")
+    def topic_shown(self, message: Message) -> str:
+        return breakable_path(message.topic.path)
 
     @admin.display(description="state", ordering="state")
     def status(self, message: Message) -> str:
@@ -91,11 +96,15 @@ class SubscriptionForm(forms.ModelForm):
 class SubscriptionAdmin(admin.ModelAdmin):
     # Selector and lease end: content-based subscriptions and leases (profile §9.2, §9.3).
     form = SubscriptionForm
-    list_display = ("account", "resource", "pattern", "selector_shown", "lease_end", "since",
-                    "created")
+    list_display = ("account", "resource", "pattern_shown", "selector_shown", "lease_end",
+                    "since", "created")
     list_filter = ("resource", "selector_class")
     search_fields = ("account__username", "pattern", "selector")
     raw_id_fields = ("account",)
+
+    @admin.display(description="pattern", ordering="pattern")
+    def pattern_shown(self, obj: Subscription) -> str:
+        return breakable_path(obj.pattern)
 
     @admin.display(description="selector", ordering="selector")
     def selector_shown(self, obj: Subscription) -> str:
@@ -120,16 +129,20 @@ class DeliveryAdmin(admin.ModelAdmin):
 
     @admin.display(description="topic", ordering="message__topic__path")
     def topic(self, delivery: Delivery) -> str:
-        return delivery.message.topic.path
+        return breakable_path(delivery.message.topic.path)
     raw_id_fields = ("message", "account")
 
 
 @admin.register(UsageEvent)
 class UsageEventAdmin(admin.ModelAdmin):
-    list_display = ("at", "kind", "account", "topic", "smuid", "bytes", "peer")
+    list_display = ("at", "kind", "account", "topic_shown", "smuid", "bytes", "peer")
     list_filter = ("kind",)
     search_fields = ("account", "topic", "peer")
     date_hierarchy = "at"
+
+    @admin.display(description="topic", ordering="topic")
+    def topic_shown(self, event: UsageEvent) -> str:
+        return breakable_path(event.topic)
 
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in UsageEvent._meta.fields]

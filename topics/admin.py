@@ -24,6 +24,7 @@ from django.utils.http import urlencode
 from accounts.models import Account
 from broker.services import ServiceError
 from broker.services import topics as topic_service
+from topics.display import breakable_path
 from ual.admin import AuditedAdminMixin
 from ual.models import UALEntry
 from ual.resolution import AccessSnapshot
@@ -181,7 +182,7 @@ class TopicForm(forms.ModelForm):
 
 @admin.register(Topic)
 class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("path", "link", "state", "delivery_mode", "account")
+    list_display = ("path_shown", "link_shown", "state", "delivery_mode", "account")
     list_filter = ("state", "delivery_mode", ("link", admin.EmptyFieldListFilter))
     search_fields = ("path", "keywords__keyword")
     raw_id_fields = ("parent", "link", "account")
@@ -199,6 +200,15 @@ class TopicAdmin(AuditedAdminMixin, admin.ModelAdmin):
         ("In effect", {"fields": ("effective_queue_parameters", "access", "created",
                                   "updated")}),
     )
+    list_select_related = ("link", "account")
+
+    @admin.display(description="path", ordering="path")
+    def path_shown(self, topic: Topic) -> str:
+        return breakable_path(topic.path)
+
+    @admin.display(description="link", ordering="link__path")
+    def link_shown(self, topic: Topic) -> str:
+        return breakable_path(topic.link.path if topic.link_id else None)
 
     def get_form(self, request: HttpRequest, obj: Topic | None = None, **kwargs):
         """Each queue parameter's help text tells what an empty field inherits, and from

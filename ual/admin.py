@@ -12,6 +12,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
+from topics.display import breakable_path
+
 from .audit import acting_as, user_name
 from .console import bulk_grant_view, effective_rights_view
 from .models import UALAuditLog, UALEntry
@@ -46,7 +48,7 @@ def grant_right_on_topic(modeladmin: admin.ModelAdmin, request: HttpRequest,
 
 @admin.register(UALEntry)
 class UALEntryAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("topic", "principal", "right", "effect", "created")
+    list_display = ("topic_shown", "principal", "right", "effect", "created")
     list_filter = ("right", "effect", "principal_kind")
     list_select_related = ("topic", "account", "group")
     search_fields = ("topic__path", "account__username", "group__name")
@@ -59,6 +61,10 @@ class UALEntryAdmin(AuditedAdminMixin, admin.ModelAdmin):
                            "the group; everyone names neither.",
         }),
     )
+
+    @admin.display(description="topic", ordering="topic__path")
+    def topic_shown(self, obj: UALEntry) -> str:
+        return breakable_path(obj.topic.path)
 
     @admin.display(description="principal", ordering="principal_kind")
     def principal(self, obj: UALEntry) -> str:

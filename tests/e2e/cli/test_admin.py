@@ -151,6 +151,14 @@ def test_accounts_and_grants(stack):
     with Session(stack.smqp.host, stack.smqp.port, "dora", "Dora-pw-9876") as dora:
         time.sleep(1.2)  # the UAL cache hears of the grant
         assert dora.command("SUB MESSAGE /jobs").code == 200
+    # A password reset: the new one logs in, the old one no more.
+    reset = admin(stack, "accounts", "passwd", "dora", new_password="Dora-new-5432")
+    assert reset.returncode == 0, reset.stderr
+    with Session(stack.smqp.host, stack.smqp.port) as s:
+        assert s.command("LOGIN dora CLEAR/1.0").code == 200
+        assert s.command("PASS dora Dora-pw-9876").code != 200
+    with Session(stack.smqp.host, stack.smqp.port, "dora", "Dora-new-5432"):
+        pass
     assert admin(stack, "grants", "delete", str(entry["id"])).returncode == 0
     assert admin(stack, "accounts", "delete", "dora").returncode == 0
     gone = admin(stack, "accounts", "show", "dora")

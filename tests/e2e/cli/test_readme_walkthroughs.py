@@ -282,3 +282,28 @@ def test_rest_walkthrough(tmp_path):
             walker.follow(steps)
         finally:
             walker.stop()
+
+
+def test_admin_walkthrough(tmp_path):
+    """Administration CLI: a topic, an account and its grant made with ``smqp admin``, three
+    orders waiting, then overview, sessions, consumers, peek, export / import, a password
+    reset, grants and the purge with its count."""
+    steps = walkthrough("admin")
+    assert [s.kind for s in steps] == ["run", "run", "output"]
+    with make_run_state(tmp_path) as (workdir, env, broker), daphne(env, tmp_path) as url:
+        walker = Walker(workdir, env, {"SMQP_PORT": broker.port,
+                                       "HTTP_PORT": int(url.rsplit(":", 1)[1])})
+        try:
+            walker.follow(steps)
+        finally:
+            walker.stop()
+        # What the walkthrough did is in the store: carol logs in with her new password, is
+        # /orders' one subscriber, and its three orders are in its Trash.
+        with Session(broker.host, broker.port, "carol", "carol-pw-2"):
+            pass
+        with Session(broker.host, broker.port, "admin",
+                     (workdir / "var" / "admin-password").read_text().strip()) as admin:
+            reply = admin.command("COUNT SUBSCRIBERS /orders")
+            assert reply.code == 200 and reply.lines[-1].split()[-1] == "1", reply
+            reply = admin.command("COUNT MESSAGE /orders/Trash")
+            assert reply.code == 200 and reply.lines[-1].split()[-1] == "3", reply

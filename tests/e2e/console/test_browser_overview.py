@@ -348,6 +348,12 @@ def test_branding_deliveries_message_states_listeners_and_the_unfinished_minute(
         topics = [e.text for e in browser.find_elements(
             By.CSS_SELECTOR, "#result_list td.field-topic")]
         assert topics == ["/ops/a"], topics
+        # Fitting the list does not cut a word in two: "acknowledged" is on one line.
+        state_lines = browser.execute_script("""
+            const r = document.createRange();
+            r.selectNodeContents(document.querySelector('#result_list td.field-state'));
+            return [r.toString().trim(), r.getClientRects().length];""")
+        assert state_lines == ["acknowledged", 1], state_lines
         shoot("9-deliveries-with-topic")
         assert not list_cut_off(browser)
         for page in ("broker/usageevent", "broker/subscription", "accounts/loginsession"):

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -63,6 +64,15 @@ def test_daphne_readyz_names_a_database_it_cannot_open(tmp_path):
             assert "OperationalError" in checks["database"]
 
 
+def health_port_of(broker) -> str:
+    """The listener's health address, once its log names it."""
+    deadline = time.monotonic() + 30
+    while "Health checks on" not in broker.log():
+        assert time.monotonic() < deadline, broker.log()
+        time.sleep(0.05)
+    return health_url(broker.log())
+
+
 def health_url(log: str) -> str:
     return re.search(r"Health checks on (http://[\d.]+:\d+)/readyz", log)[1]
 
@@ -84,8 +94,9 @@ def wait_for_status(url: str, status: int, timeout: float = 60) -> dict:
         time.sleep(0.1)
 
 
-def test_listener_health_port_checks_storage_processes_and_drains(tmp_path):
-    with fresh_database("postgres", tmp_path) as env:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_listener_health_port_checks_storage_processes_and_drains(backend, tmp_path):
+    with fresh_database(backend, tmp_path) as env:
         run_manage(env, "shell", "--no-imports", "-c", accounts_script("bob"))
         with listener(env, tmp_path, "--health-port", "0", "--grace", "4") as broker:
             deadline = time.monotonic() + 30
@@ -127,3 +138,41 @@ def test_listener_health_port_checks_storage_processes_and_drains(tmp_path):
             assert draining == {"ready": False,
                                 "checks": {"listener": "draining: shutting down"}}
             broker.proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_listener_readyz_names_redis_when_it_is_gone(backend, tmp_path):
+    """The listener's /readyz with a Redis of its own, stopped and started again: 503 naming
+    Redis while it is away (database and storage still ok), ready again once it is back."""
+    port = closed_port()
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path)]
+
+    def start_redis() -> subprocess.Popen:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return proc
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    redis_proc = start_redis()
+    try:
+        own_redis = {"REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        with fresh_database(backend, tmp_path, own_redis) as env, \
+                listener(env, tmp_path, "--health-port", "0") as broker:
+            url = health_port_of(broker)
+            assert wait_for_status(f"{url}/readyz", 200)["checks"]["redis"] == "ok"
+            redis_proc.terminate()
+            redis_proc.wait(timeout=30)
+            down = wait_for_status(f"{url}/readyz", 503, 60)["checks"]
+            assert "ConnectionError" in down["redis"], down
+            assert down["database"] == "ok" and down["storage"] == "ok", down
+            assert get(f"{url}/healthz")[0] == 200  # alive all the same
+            redis_proc = start_redis()
+            wait_for_status(f"{url}/readyz", 200, 60)
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait(timeout=30)

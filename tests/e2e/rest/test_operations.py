@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from tests.conftest import run_manage
 from tests.support.api_stack import ApiStack, api_stack
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.xmpp_session import XmppSession
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +31,7 @@ snap = AccessSnapshot(Account.objects.get(username='root'))
 for p in ['/ops', '/ops/fan', '/ops/work', '/ops/peek', '/ops/purge', '/ops/v']:
     ts.create_topic(snap, p)
 Topic.objects.filter(path='/ops/work').update(delivery_mode='queue', retry_timeout=300)
-for name in ['bob', 'alice']:
+for name in ['bob', 'alice', 'dave']:
     UALEntry.objects.create(topic=Topic.objects.get(path='/ops'), principal_kind='account',
                             account=Account.objects.get(username=name), right='subscribe')
 UALEntry.objects.create(topic=Topic.objects.get(path='/ops'), principal_kind='account',
@@ -44,13 +46,15 @@ from topics import tree
 tree.changed()
 """
 
-USERS = ("root", "bob", "alice", "watcher", "keeper", "carol")
+USERS = ("root", "bob", "alice", "watcher", "keeper", "carol", "dave")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def stack(request, tmp_path_factory) -> Iterator[ApiStack]:
     base = tmp_path_factory.mktemp(f"ops-{request.param}")
-    with api_stack(request.param, base, SETUP, users=USERS) as s:
+    # XMPP's PLAIN over the loopback: the XMPP session test logs in without TLS.
+    extra = {"SMQP_XMPP_PLAIN": "loopback", "SMQP_PBKDF2_ITERATIONS": "4096"}
+    with api_stack(request.param, base, SETUP, users=USERS, extra_env=extra) as s:
         yield s
 
 
@@ -117,10 +121,51 @@ def test_sessions_show_door_peer_counters_and_locks(stack):
         assert pub["rate_in"] > 0
         one = root.get(f"sessions/{row['guid']}")
         assert one.status_code == 200 and one.json()["guid"] == row["guid"]
-        # The queue message bob holds is a lock in the store, counted as "locked" (if the
-        # message in flight is the queue one).
-        locked = sum(r["locked"] for r in sessions_of(root, "bob"))
-        assert locked in (0, 1)
+        # (A queue lock counted as "locked": test_a_queue_lock_is_counted_as_locked...)
+
+
+def test_a_queue_lock_is_counted_as_locked_and_the_login_time_is_given(stack):
+    """A queue-mode message sent and not ACKed is a lock in the store: the session's
+    ``locked`` and ``unacked`` say 1, and 0 again once it is ACKed."""
+    before = time.time()
+    with stack.session("dave") as dave, stack.client() as root:
+        assert dave.command("SUB MESSAGE /ops/work").code == 200
+        with stack.session("alice") as alice:
+            smuid = smuid_of(alice.publish("/ops/work", "work-locked"))
+        got = dave.message()
+        assert got.message.get("Smuid").endswith(f"/{smuid}")
+        [row] = wait_for(lambda: [r for r in sessions_of(root, "dave")
+                                  if r["unacked"] == 1])
+        assert row["locked"] == 1
+        assert row["messages_out"] == 1
+        started = datetime.fromisoformat(row["started"]).timestamp()
+        assert before - 5 <= started <= time.time() + 5
+        dave.ack()
+        [row] = wait_for(lambda: [r for r in sessions_of(root, "dave")
+                                  if r["unacked"] == 0 and r["locked"] == 0])
+        assert row["messages_out"] == 1
+
+
+def test_an_xmpp_session_is_listed_with_its_door_and_closed(stack):
+    xmpp = XmppSession(stack.http.replace("http://", "ws://", 1) + "/xmpp-websocket")
+    try:
+        xmpp.login("alice")
+        reply = xmpp.pubsub("set", "<publish node='/ops/fan'><item id='x1'>"
+                                   "<p xmlns='urn:t'/></item></publish>")
+        assert reply.get("type") == "result"
+        with stack.client() as root:
+            [row] = wait_for(lambda: [r for r in sessions_of(root, "alice")
+                                      if r["door"] == "xmpp" and r["messages_in"] == 1])
+            assert row["peer"].startswith("127.0.0.1")
+            assert row["auth_method"].lower().startswith("xmpp:")
+            doors = root.get("sessions/", params={"door": "xmpp"}).json()["results"]
+            assert [r["guid"] for r in doors] == [row["guid"]]
+            assert root.delete(f"sessions/{row['guid']}").status_code == 202
+            assert xmpp.closed()
+            assert wait_for(lambda: not [r for r in sessions_of(root, "alice")
+                                         if r["door"] == "xmpp"])
+    finally:
+        xmpp.close()
 
 
 def test_closing_a_session_disconnects_it_and_is_audited(stack):
