@@ -93,7 +93,8 @@ def serve(fd: int, database: str, calls: Calls, durable: Callable[[str], bool]) 
     from .backends import backend
 
     connection.settings_dict["NAME"] = database
-    wal = backend().open_for_storage(database)
+    statistics = backend()
+    wal = statistics.open_for_storage(database)
     sock = socket.socket(fileno=fd)
     inbox = _Inbox(sock)
     owed: list[bytes] = []
@@ -124,6 +125,8 @@ def serve(fd: int, database: str, calls: Calls, durable: Callable[[str], bool]) 
                 owed.append(data)
             else:
                 sock.sendall(data)
+            if not owed:
+                statistics.keep_statistics()
     except OSError:  # the listener is gone
         return
 

@@ -142,6 +142,11 @@ class Backend(ABC):
         """Set up a storage process's connection to ``database``; returns the file whose
         flush makes its commits durable when :meth:`flushes_behind`, else None."""
 
+    @abstractmethod
+    def keep_statistics(self) -> None:
+        """Between a storage process's calls: bring the planner's statistics of the tables
+        publishes grow up to date when they are far behind."""
+
 
 # ---------------------------------------------------------------------- shared helpers
 

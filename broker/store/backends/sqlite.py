@@ -157,6 +157,10 @@ class SQLite(Backend):
         return not connection.is_in_memory_db() and \
             settings.SMQP_SQLITE_SYNCHRONOUS in ("FULL", "EXTRA")
 
+    def keep_statistics(self) -> None:
+        """None kept: SQLite plans these queries from their indexes alone (its heuristics
+        take an index to narrow well, which holds for them), whatever the row counts."""
+
     def open_for_storage(self, database: str) -> str | None:
         """In WAL mode with ``synchronous=FULL`` (or EXTRA): this process commits with
         NORMAL instead, which writes the WAL without waiting for the disk, and flushes the
