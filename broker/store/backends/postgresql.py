@@ -278,7 +278,7 @@ class PostgreSQL(Backend):
 
 #: The tables publishes and ACKs grow and change by the thousand.
 _GROWING = (Message._meta.db_table, Delivery._meta.db_table)
-STATISTICS_EVERY = 5.0
+STATISTICS_EVERY = 1.0
 STALE_ROWS = 200
 STALE_FRACTION = 0.1
 _ANALYZE_LOCK = 0x534D5150_01  # "SMQP", 1
