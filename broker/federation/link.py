@@ -15,6 +15,10 @@ in one transaction, in the order the peer sent it, then each is ACKed by its smu
 the peer sends again (its ACK lost with a session) is dropped as a duplicate by its origin.
 A session that fails is started again after a backoff that doubles up to
 ``SMQP_LINK_BACKOFF_MAX`` seconds.
+
+The peer answers each ``310 ACK`` in turn with the commands' replies. An ACK it refuses for
+that message alone (409: it holds no such message any more, given up or its lock ended; 404)
+is counted and the session goes on: a restart would only send the rest of the window again.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from broker.smqp import (
     NotifyServer,
     ProtocolError,
     Reply,
+    ServerAck,
 )
 from broker.smqp.commands import (
     Ack,
@@ -73,6 +78,18 @@ async def _db(fn, *args):
 
 class LinkError(Exception):
     """The session cannot go on (refused login, broken framing, a peer gone quiet)."""
+
+
+#: Answers to a link's ``310 ACK`` about that message alone (profile §9.7): nothing to
+#: acknowledge for it any more on the peer, which has already let it go.
+ACK_REFUSALS = frozenset({404, 409})
+
+
+@dataclass(frozen=True)
+class _AckSent:
+    """A ``310 ACK`` waiting for its answer in the reply order (``smuid`` None: bare)."""
+
+    smuid: int | None
 
 
 @dataclass(frozen=True)
@@ -113,9 +130,12 @@ class LinkSession:
         self.subscribed: set[str] = {s for s in config.subscribed.split("\n") if s}
         self.stored = 0
         self.dropped = 0
+        self.acks_refused = 0  # over the link's life, in its log lines
         self._conn: ClientConnection | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._replies: deque[asyncio.Future[Reply]] = deque()
+        # What waits for the peer's next reply, in the order sent: a command's future, or
+        # an ACK (answered ``310 ACK``, or refused).
+        self._replies: deque[asyncio.Future[Reply] | _AckSent] = deque()
         self._incoming: asyncio.Queue[NotifyMessage] = asyncio.Queue()
         self._greeting: asyncio.Future[Greeting] | None = None
         self._quiet_since = 0.0
@@ -203,7 +223,8 @@ class LinkSession:
                 with contextlib.suppress(BaseException):
                     await task
             for fut in self._replies:
-                fut.cancel()
+                if isinstance(fut, asyncio.Future):
+                    fut.cancel()
             self._replies.clear()
             writer.close()
             with contextlib.suppress(Exception):
@@ -250,23 +271,43 @@ class LinkSession:
                 if isinstance(event, Greeting):
                     assert self._greeting is not None
                     self._greeting.set_result(event)
-                elif isinstance(event, Reply):
+                elif isinstance(event, Reply | ServerAck):
                     if not self._replies:
-                        raise LinkError(f"a reply nobody asked for: {event.code}")
-                    fut = self._replies.popleft()
-                    if not fut.done():
-                        fut.set_result(event)
+                        raise LinkError(f"a reply nobody asked for: {_code(event)}")
+                    waiting = self._replies.popleft()
+                    if isinstance(waiting, _AckSent):
+                        self._ack_answered(waiting, event)
+                    elif isinstance(event, ServerAck):
+                        raise LinkError("310 ACK in answer to a command")
+                    elif not waiting.done():
+                        waiting.set_result(event)
                 elif isinstance(event, NotifyMessage):
                     self._incoming.put_nowait(event)
                 elif isinstance(event, NotifyServer) and event.kind == "BYE":
                     logger.info("link %s: the peer says BYE", self.config.name)
-                # NOTIFY TOPIC / SUB and the server's 310 ACK need nothing from a link.
+                # NOTIFY TOPIC / SUB need nothing from a link.
         finally:
             if self._greeting is not None and not self._greeting.done():
                 self._greeting.set_exception(LinkError("closed before the greeting"))
             for fut in self._replies:
-                if not fut.done():
+                if isinstance(fut, asyncio.Future) and not fut.done():
                     fut.set_exception(LinkError("the peer closed the connection"))
+
+    def _ack_answered(self, ack: _AckSent, answer: Reply | ServerAck) -> None:
+        """The peer's answer to one of our ACKs. Refused for that message alone, the
+        message has left the peer's window already (profile §9.7): it is counted and the
+        session goes on. Anything else is a protocol failure, and ends the session."""
+        if isinstance(answer, ServerAck):
+            return
+        text = " ".join(answer.lines)
+        if answer.code in ACK_REFUSALS or (answer.code == 400 and ack.smuid is None):
+            # 400 to a bare ACK: nothing waited for one (the message given up meanwhile).
+            self.acks_refused += 1
+            logger.info("link %s: 310 ACK %s refused by the peer: %d %s (%d so far)",
+                        self.config.name, "" if ack.smuid is None else ack.smuid,
+                        answer.code, text, self.acks_refused)
+            return
+        raise LinkError(f"310 ACK {ack.smuid or ''} answered {answer.code} {text}".strip())
 
     async def _command(self, cmd) -> Reply:
         assert self._conn is not None and self._writer is not None
@@ -337,6 +378,8 @@ class LinkSession:
             if not acks:
                 continue
             assert self._writer is not None and self._conn is not None
+            # Their answers come in the order of what is written (no await in between).
+            self._replies.extend(_AckSent(ack.smuid) for ack in acks)
             self._writer.write(b"".join(self._conn.send(ack) for ack in acks))
             await self._writer.drain()
 
@@ -380,6 +423,10 @@ class LinkSession:
             if loop.time() - self._quiet_since > REPLY_TIMEOUT_SECONDS / 2:
                 await self._expect(Noop(), "NOOP")
             await asyncio.sleep(INTEREST_POLL_SECONDS)
+
+
+def _code(event: Reply | ServerAck) -> int:
+    return 310 if isinstance(event, ServerAck) else event.code
 
 
 def _max_window(reply: Reply) -> int | None:
