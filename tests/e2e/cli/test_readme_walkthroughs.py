@@ -206,6 +206,18 @@ def smqp_walker(tmp_path) -> Iterator[Walker]:
             walker.stop()
 
 
+@contextmanager
+def walking_with_http(tmp_path: Path) -> Iterator[tuple[Walker, Path, BrokerProcess]]:
+    """A walker with the ports of ``make run``'s state: the listener and Daphne."""
+    with make_run_state(tmp_path) as (workdir, env, broker), daphne(env, tmp_path) as url:
+        walker = Walker(workdir, env, {"SMQP_PORT": broker.port,
+                                       "HTTP_PORT": int(url.rsplit(":", 1)[1])})
+        try:
+            yield walker, workdir, broker
+        finally:
+            walker.stop()
+
+
 def test_smqp_walkthrough(smqp_walker):
     """Using SMQP over TCP: accounts, /news and its grants, a subscriber, a publish, the
     subscriber's print-out."""
@@ -262,26 +274,16 @@ def test_xmpp_walkthrough(tmp_path):
     steps = walkthrough("xmpp")
     assert [s.kind for s in steps] == ["run", "background", "run", "output",
                                       "background-output"]
-    with make_run_state(tmp_path) as (workdir, env, broker), daphne(env, tmp_path) as url:
-        walker = Walker(workdir, env, {"SMQP_PORT": broker.port,
-                                       "HTTP_PORT": int(url.rsplit(":", 1)[1])})
-        try:
-            walker.follow(steps)
-        finally:
-            walker.stop()
+    with walking_with_http(tmp_path) as (walker, _workdir, _broker):
+        walker.follow(steps)
 
 
 def test_rest_walkthrough(tmp_path):
     """REST API: an account, topics and a grant, a token from the password, a publish."""
     steps = walkthrough("rest")
     assert [s.kind for s in steps] == ["run", "run", "output"]
-    with make_run_state(tmp_path) as (workdir, env, broker), daphne(env, tmp_path) as url:
-        walker = Walker(workdir, env, {"SMQP_PORT": broker.port,
-                                       "HTTP_PORT": int(url.rsplit(":", 1)[1])})
-        try:
-            walker.follow(steps)
-        finally:
-            walker.stop()
+    with walking_with_http(tmp_path) as (walker, _workdir, _broker):
+        walker.follow(steps)
 
 
 def test_admin_walkthrough(tmp_path):
@@ -290,13 +292,8 @@ def test_admin_walkthrough(tmp_path):
     reset, grants and the purge with its count."""
     steps = walkthrough("admin")
     assert [s.kind for s in steps] == ["run", "run", "output"]
-    with make_run_state(tmp_path) as (workdir, env, broker), daphne(env, tmp_path) as url:
-        walker = Walker(workdir, env, {"SMQP_PORT": broker.port,
-                                       "HTTP_PORT": int(url.rsplit(":", 1)[1])})
-        try:
-            walker.follow(steps)
-        finally:
-            walker.stop()
+    with walking_with_http(tmp_path) as (walker, workdir, broker):
+        walker.follow(steps)
         # What the walkthrough did is in the store: carol logs in with her new password, is
         # /orders' one subscriber, and its three orders are in its Trash.
         with Session(broker.host, broker.port, "carol", "carol-pw-2"):
