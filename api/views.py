@@ -500,9 +500,9 @@ class SubscriptionView(APIView):
 
 
 class PullView(APIView):
-    """Runs outside the thread Django serves its other synchronous views on
-    (:func:`api.urls.dispatcher_entry`): a long poll here holds only its own thread, and waits
-    for the dispatcher's wake-up (:mod:`api.loopdispatch`)."""
+    """Runs on the threads of long polls (``long_poll`` in :mod:`api.urls`, served so by
+    :mod:`broker.http`): a long poll here holds only its own thread, and waits for the
+    dispatcher's wake-up (:mod:`api.loopdispatch`)."""
 
     @extend_schema(request=s.PullRequestSerializer, responses=s.PullSerializer)
     def post(self, request: Request, pk: int) -> Response:
@@ -539,7 +539,7 @@ class PullView(APIView):
 
 def count(request: Request, kind: str, n: int = 1) -> None:
     """Count ``n`` of a rate kind: with the dispatcher's own counts when the view runs beside
-    one (:func:`api.urls.dispatcher_entry`), else at once."""
+    one (under :mod:`broker.http`), else at once."""
     if n > 0:
         loop = getattr(request, "loop_dispatcher", None)
         if loop is not None:
