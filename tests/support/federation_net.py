@@ -210,11 +210,13 @@ def prepared(backend: str, base: Path, names: tuple[str, ...],
         for name in names:
             var = base / name
             var.mkdir(parents=True, exist_ok=True)
-            env = stack.enter_context(fresh_database(backend, var, {
-                **FAST_LINKS, **(extra_env or {}), "SMQP_SERVER_CONTEXT": f"{name}.test"}))
             peers = [p for p in names if p != name]
-            run_manage(env, "shell", "--no-imports", "-c", SETUP.format(
-                me=name, peers=peers, no_remote=list(no_remote.get(name, ()))))
+            # The setup made once per test process in a template (fresh_database): a later
+            # federation with the same domain on this worker copies it, no process start.
+            env = stack.enter_context(fresh_database(backend, var, {
+                **FAST_LINKS, **(extra_env or {}), "SMQP_SERVER_CONTEXT": f"{name}.test"},
+                setup=SETUP.format(me=name, peers=peers,
+                                   no_remote=list(no_remote.get(name, ())))))
             domains[name] = Domain(name, f"{name}.test", env, var)
             stack.callback(domains[name].stop)
         yield domains

@@ -50,10 +50,15 @@ class OpsStack:
 
     def store(self, code: str) -> object:
         """Run ``code`` (which sets ``result``) in ``manage.py shell``; its JSON value."""
-        out = run_manage(self.env, "shell", "--no-imports", "-c",
-                         code + "\nimport json\nprint('RESULT=' + json.dumps(result))").stdout
+        out = run_manage(
+            self.env,
+            "shell",
+            "--no-imports",
+            "-c",
+            code + "\nimport json\nprint('RESULT=' + json.dumps(result))",
+        ).stdout
         line = [x for x in out.splitlines() if x.startswith("RESULT=")][-1]
-        return json.loads(line[len("RESULT="):])
+        return json.loads(line[len("RESULT=") :])
 
 
 SETUP = """
@@ -64,21 +69,35 @@ Topic.objects.create(path="/ops/d", parent=ops, retry_timeout=1, max_retries=1)
 Topic.objects.create(path="/ops/q", parent=ops, delivery_mode="queue")
 """
 
+GRANTS = """
+from django.core.management import call_command
+for args in [("alice", "/ops", "publish"), ("bob", "/ops/a", "subscribe"),
+             ("bob", "/ops/q", "subscribe"), ("jtegen", "/ops/d", "subscribe")]:
+    call_command("grant", *args)
+"""
+
 
 @contextmanager
 def ops_stack(backend: str, base: Path) -> Iterator[OpsStack]:
-    extra = {"SMQP_METRICS_TOKEN": METRICS_TOKEN,
-             # Nothing is sent again during a test unless the topic asks for it (/ops/d).
-             "SMQP_DEFAULT_RETRY_TIMEOUT": "600"}
+    extra = {
+        "SMQP_METRICS_TOKEN": METRICS_TOKEN,
+        # Nothing is sent again during a test unless the topic asks for it (/ops/d).
+        "SMQP_DEFAULT_RETRY_TIMEOUT": "600",
+    }
     with fresh_database(backend, base, extra) as env:
-        run_manage(env, "shell", "--no-imports", "-c",
-                   accounts_script("root", "bob", "alice", "jtegen") + SETUP)
-        run_manage(env, "grant", "alice", "/ops", "publish")
-        run_manage(env, "grant", "bob", "/ops/a", "subscribe")
-        run_manage(env, "grant", "bob", "/ops/q", "subscribe")
-        run_manage(env, "grant", "jtegen", "/ops/d", "subscribe")
-        with listener(env, base, name=f"ops-{backend}") as smqp, \
-                daphne(env, base, f"daphne-{uuid.uuid4().hex[:6]}.log") as http:
+        # Accounts, topics and the grants (``manage.py grant``) in one process: each
+        # ``manage.py`` start costs ~2 s of CPU.
+        run_manage(
+            env,
+            "shell",
+            "--no-imports",
+            "-c",
+            accounts_script("root", "bob", "alice", "jtegen") + SETUP + GRANTS,
+        )
+        with (
+            listener(env, base, name=f"ops-{backend}") as smqp,
+            daphne(env, base, f"daphne-{uuid.uuid4().hex[:6]}.log") as http,
+        ):
             yield OpsStack(http, smqp, env)
 
 

@@ -260,8 +260,8 @@ def test_nothing_is_revealed_without_rights(tree):
 
 
 def test_granted_rights_inherit_down_the_tree(tree):
-    tree.manage("grant", "bob", "/stocks", "subscribe")
-    tree.manage("grant", "bob", "/news2", "manage")
+    manage_many(tree.env, ("grant", "bob", "/stocks", "subscribe"),  # one process: ~2 s CPU
+                ("grant", "bob", "/news2", "manage"))
     with client(tree, "bob") as bob:
         assert cmd(bob, "COUNT TOPIC /stocks/*") == ["200-OK", "200 6"]
         assert cmd(bob, "LIST TOPIC /") == ["200-OK", "200-/accounts", "200-/news2", "200 /stocks"]
