@@ -21,10 +21,13 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dbthread import call_here
 from .frames import LENGTH, take_frame
+
+if TYPE_CHECKING:
+    from .backends import Backend
 
 logger = logging.getLogger("broker.store.worker")
 
@@ -126,9 +129,21 @@ def serve(fd: int, database: str, calls: Calls, durable: Callable[[str], bool]) 
             else:
                 sock.sendall(data)
             if not owed:
-                statistics.keep_statistics()
+                _keep_statistics(statistics)
     except OSError:  # the listener is gone
         return
+
+
+def _keep_statistics(store: Backend) -> None:
+    """The store's statistics kept between calls; a failure there (the database gone in a
+    failover) is the next call's to meet and answer, not this process's end."""
+    from django.db import connection
+
+    try:
+        store.keep_statistics()
+    except Exception:
+        logger.warning("keeping the planner's statistics failed", exc_info=True)
+        connection.close_if_unusable_or_obsolete()
 
 
 def _answer(calls: Calls, call_id: int, name: str, args: tuple,
