@@ -18,9 +18,13 @@ class Failing:
         raise ConnectionError("the server closed the connection")
 
 
-def test_a_failure_keeping_statistics_is_logged_and_the_process_goes_on(caplog):
+def test_a_failure_keeping_statistics_is_logged_and_the_process_goes_on(caplog,
+                                                                       django_db_blocker):
     store = Failing()
-    with caplog.at_level(logging.WARNING, logger="broker.store.worker"):
+    # (The guard lets Django drop a broken connection: no query, but pytest-django blocks
+    # the connection object's use outside a database test.)
+    with django_db_blocker.unblock(), caplog.at_level(logging.WARNING,
+                                                      logger="broker.store.worker"):
         worker._keep_statistics(store)  # type: ignore[arg-type]
         worker._keep_statistics(store)  # type: ignore[arg-type]
     assert store.calls == 2
