@@ -391,7 +391,7 @@ class TopicMessagesView(APIView):
                                    409)
         # Committed: counted as the listeners count their publishes (console rates,
         # /metrics); a replayed Idempotency-Key returned above and published nothing.
-        opsmetrics.count_now("publish", len(results))
+        count(request, "publish", len(results))
         return Response(body, status=status.HTTP_201_CREATED)
 
 

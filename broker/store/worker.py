@@ -96,8 +96,8 @@ def serve(fd: int, database: str, calls: Calls, durable: Callable[[str], bool]) 
     from .backends import backend
 
     connection.settings_dict["NAME"] = database
-    statistics = backend()
-    wal = statistics.open_for_storage(database)
+    store = backend()
+    wal = store.open_for_storage(database)
     sock = socket.socket(fileno=fd)
     inbox = _Inbox(sock)
     owed: list[bytes] = []
@@ -129,7 +129,7 @@ def serve(fd: int, database: str, calls: Calls, durable: Callable[[str], bool]) 
             else:
                 sock.sendall(data)
             if not owed:
-                _keep_statistics(statistics)
+                _keep_statistics(store)
     except OSError:  # the listener is gone
         return
 

@@ -247,7 +247,6 @@ class PostgreSQL(Backend):
             connection.close()  # the next use connects with it
         return None
 
-
     def keep_statistics(self) -> None:
         """ANALYZE the message and delivery tables once their rows changed by more than
         :data:`STALE_ROWS` plus :data:`STALE_FRACTION` of them since the last ANALYZE (a
