@@ -12,7 +12,6 @@ class ApiConfig(AppConfig):
         from django.contrib.auth import get_user_model
         from django.db.models.signals import post_delete, post_save
 
-        from . import schema  # noqa: F401  (registers the bearer scheme with drf-spectacular)
         from .models import ApiToken
         from .tokens import forget_checked
 

@@ -20,6 +20,7 @@ is UNKNOWN. JMS 1.1 rules kept here:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -81,7 +82,12 @@ _FALSE: "FALSE"i
 %ignore /[ \t\r\n\f]+/
 """
 
-_PARSER = Lark(GRAMMAR, parser="lalr", lexer="basic", propagate_positions=True)
+
+@functools.cache
+def _parser() -> Lark:
+    """Built on first use: every process loads this module (django.setup), few parse."""
+    return Lark(GRAMMAR, parser="lalr", lexer="basic", propagate_positions=True)
+
 
 #: Words JMS 1.1 forbids as identifiers (the lexer makes most of them keywords already).
 RESERVED = frozenset({"NULL", "TRUE", "FALSE", "NOT", "AND", "OR", "BETWEEN", "LIKE", "IN",
@@ -94,7 +100,7 @@ BOOL, NUM, STR, ANY = "bool", "num", "str", "any"
 
 def compile_jms(text: str, max_depth: int) -> Fn:
     """The evaluator of a JMS selector: view → True / False / None (UNKNOWN)."""
-    tree = parse(_PARSER, text, max_depth)
+    tree = parse(_parser(), text, max_depth)
     kind, fn = _compile(tree)
     if kind not in (BOOL, ANY):
         raise incorrect("not a condition", _column(tree))

@@ -25,6 +25,7 @@ as a convenience.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable
@@ -59,7 +60,12 @@ STAR: "*"
 VALUE: /(?:[^()*\\\x00]|\\[0-9a-fA-F]{2})+/
 """
 
-_PARSER = Lark(GRAMMAR, parser="lalr", lexer="contextual", propagate_positions=True)
+
+@functools.cache
+def _parser() -> Lark:
+    """Built on first use: every process loads this module (django.setup), few parse."""
+    return Lark(GRAMMAR, parser="lalr", lexer="contextual", propagate_positions=True)
+
 
 Fn = Callable[[MessageView], Any]
 _ESCAPE = re.compile(r"\\([0-9a-fA-F]{2})")  # a fixed pattern: RFC 4515 \XX escapes
@@ -83,7 +89,7 @@ def _ldap_mistake(exc: UnexpectedInput, text: str) -> SelectorError | None:
 
 def compile_ldap(text: str, max_depth: int) -> Fn:
     """The evaluator of an LDAP filter: view → True / False / None (Undefined)."""
-    tree = parse(_PARSER, text, max_depth, _ldap_mistake)
+    tree = parse(_parser(), text, max_depth, _ldap_mistake)
     return _compile(tree.children[0])
 
 
