@@ -76,7 +76,9 @@ if DJANGO_BEHIND_TLS_PROXY:
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", True)
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Without autodiscovery: broker/urls.py loads the admin modules, so the processes that
+    # serve no page (listener, storage processes, manage.py commands) do not pay for them.
+    "django.contrib.admin.apps.SimpleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -5,6 +5,9 @@ from django.views.generic import RedirectView
 from broker.console.health import healthz, readyz
 from broker.console.metrics import metrics_view
 
+# The admin modules register here, with the pages (settings: SimpleAdminConfig).
+admin.autodiscover()
+
 # What the console's pages and emails call the site (templates/admin/base_site.html brands
 # the header and the tab).
 admin.site.site_header = admin.site.site_title = "SMQP broker"

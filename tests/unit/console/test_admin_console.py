@@ -374,6 +374,7 @@ def test_account_action_opens_the_bulk_grant_with_the_selection(rf, admin_user):
 
     from ual.admin import grant_right_on_topic
 
+    admin.autodiscover()  # as broker/urls.py does (SimpleAdminConfig)
     bob, alice = make_account("bob"), make_account("alice")
     request = rf.post("/admin/accounts/account/")
     request.user = admin_user

@@ -234,6 +234,8 @@ def test_runsmqp_explains_a_privileged_port(monkeypatch):
 def test_every_admin_page_works_on_a_fresh_database(client):
     from django.contrib import admin
 
+    admin.autodiscover()  # as broker/urls.py does (SimpleAdminConfig): the whole registry
+    assert len(admin.site._registry) > 10
     root = make_account("root", is_superuser=True, is_staff=True)
     client.force_login(root)
     t = make_topic("/t", max_retries=3)
