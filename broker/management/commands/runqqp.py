@@ -20,6 +20,8 @@ FORGET_EVERY_SECONDS = 3600
 
 class Command(BaseCommand):
     help = "Run the QQP ingestion listener (TCP, and TLS when a certificate is configured)."
+    # Checked once by runbroker (or `manage.py check`), not by each process it starts.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=settings.SMQP_HOST)
@@ -57,17 +59,18 @@ class Command(BaseCommand):
 
     async def _serve(self, host: str, listeners: list[tuple[int, str, str]],
                      grace: float) -> None:
-        from broker.asgi import application
         from broker.delivery import get_dispatcher
         from broker.delivery import shutdown as shutdown_dispatchers
         from broker.server import SMQPServer
         from broker.store.lanes import StorageLost
+        from broker.tcp_apps import qqp_application
 
         try:
             await asyncio.wait_for(get_dispatcher().storage.ready(), STORAGE_READY_SECONDS)
         except (TimeoutError, StorageLost):
             self.stderr.write("The storage processes are not ready; serving anyway")
         servers: list[SMQPServer] = []
+        application = qqp_application()
         for port, cert, key in listeners:
             server = SMQPServer(application, host, port, tls_cert=cert, tls_key=key,
                                 protocol="qqp")

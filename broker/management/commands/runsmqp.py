@@ -40,6 +40,8 @@ STORAGE_READY_SECONDS = 60
 
 class Command(BaseCommand):
     help = "Run the SMQP listener (TCP). SIGTERM or Ctrl-C warns every session and stops."
+    # Checked once by runbroker (or `manage.py check`), not by each process it starts.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=settings.SMQP_HOST)
@@ -126,9 +128,9 @@ class Command(BaseCommand):
         # this one loads the rest, and the listener serves once they do. The first publish
         # after a start would otherwise wait for them, and every publish behind it.
         storage = get_dispatcher().storage
-        from broker.asgi import application
         from broker.heap import freeze_startup
         from broker.server import SMQPServer
+        from broker.tcp_apps import smqp_application
 
         try:
             await asyncio.wait_for(storage.ready(), STORAGE_READY_SECONDS)
@@ -137,6 +139,7 @@ class Command(BaseCommand):
             self.stderr.write("The storage processes are not ready; serving anyway")
         servers: list[SMQPServer] = []
         bound: list[tuple[str, str, int]] = []
+        application = smqp_application()
         for port, cert, key in listeners:
             server = SMQPServer(application, host, port, reuse_port=reuse_port,
                                 tls_cert=cert, tls_key=key)
