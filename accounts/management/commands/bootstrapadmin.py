@@ -15,6 +15,8 @@ from accounts.models import Account
 
 class Command(BaseCommand):
     help = "Create the first superuser (admin) with a random password if there is none."
+    # A one-shot operator command: `manage.py check` and runbroker run the checks.
+    requires_system_checks: list[str] = []
 
     def handle(self, *args, **options) -> None:
         path = settings.VAR_DIR / "admin-password"

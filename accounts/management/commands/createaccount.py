@@ -11,6 +11,8 @@ from accounts.models import Account
 
 class Command(BaseCommand):
     help = "Create an SMQP account (and its account topic /accounts/NAME)."
+    # A one-shot operator command: `manage.py check` and runbroker run the checks.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("name")

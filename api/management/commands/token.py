@@ -11,6 +11,8 @@ from api.tokens import create_token, revoke
 
 class Command(BaseCommand):
     help = "Make, list or revoke REST API bearer tokens."
+    # A one-shot operator command: `manage.py check` and runbroker run the checks.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)

@@ -18,6 +18,8 @@ from broker.services import Refusal, ServiceError, federation
 
 class Command(BaseCommand):
     help = "Add, list or remove federation links to peer SMQP servers."
+    # A one-shot operator command: `manage.py check` and runbroker run the checks.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)

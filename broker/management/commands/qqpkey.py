@@ -10,6 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 class Command(BaseCommand):
     help = "Keep an OpenPGP public key (armored FILE) on ACCOUNT for signed QQP items."
+    # A one-shot operator command: `manage.py check` and runbroker run the checks.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("account")

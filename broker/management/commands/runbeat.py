@@ -28,6 +28,8 @@ def _die_with_parent() -> None:
 
 class Command(BaseCommand):
     help = "Run Celery beat on the one node holding the cluster's beat lease."
+    # Checked once by runbroker (or `manage.py check`), not by each process it starts.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--schedule", default=str(settings.VAR_DIR / "celerybeat-schedule"))

@@ -14,6 +14,8 @@ from .runsmqp import run_event_loop
 
 class Command(BaseCommand):
     help = "Run the federation links: one SMQP client session per enabled link."
+    # Checked once by runbroker (or `manage.py check`), not by each process it starts.
+    requires_system_checks: list[str] = []
 
     def handle(self, *args, **options) -> None:
         from django.db import connection

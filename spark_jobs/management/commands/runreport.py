@@ -15,6 +15,8 @@ class Command(BaseCommand):
     help = ("Build the usage report of one UTC day with PySpark (default: yesterday), showing "
             "one line per stage; then purge the reported raw events older than the "
             "retention. A day that is not over is refused unless --partial.")
+    # Checked once by runbroker (or `manage.py check`), not by each process it starts.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--date", help="the day, YYYY-MM-DD (default: yesterday, UTC)")

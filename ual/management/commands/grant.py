@@ -45,6 +45,8 @@ class Command(BaseCommand):
         "Grant (or with --deny, deny; with --revoke, remove) rights on a topic to an account. "
         f"Rights: {', '.join(Right.values)}."
     )
+    # A one-shot operator command: `manage.py check` and runbroker run the checks.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument(
