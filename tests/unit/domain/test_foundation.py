@@ -211,6 +211,22 @@ def test_createaccount_and_grant(capsys):
         call_command("grant", "nobody", "/stocks", "publish")
 
 
+def test_bootstrapadmin_makes_one_superuser_once(settings, tmp_path, capsys):
+    settings.VAR_DIR = tmp_path
+    call_command("bootstrapadmin")
+    password_file = tmp_path / "admin-password"
+    password = password_file.read_text().strip()
+    assert password and password in capsys.readouterr().out
+    assert password_file.stat().st_mode & 0o777 == 0o600  # only the operator reads it
+    admin = Account.objects.get(username="admin")
+    assert admin.is_superuser and admin.is_staff and admin.check_password(password)
+    call_command("bootstrapadmin")  # a superuser exists: nothing new, the password kept
+    assert Account.objects.filter(is_superuser=True).count() == 1
+    assert password_file.read_text().strip() == password
+    assert "admin login: admin / the password in" in capsys.readouterr().out
+    assert Account.objects.get(username="admin").check_password(password)
+
+
 def test_createaccount_rejects_names_that_cannot_be_topics():
     with pytest.raises(CommandError):
         call_command("createaccount", "9bad", "--password", "pw")
