@@ -321,13 +321,14 @@ def _fresh_database(backend: str, base: Path) -> tuple[str, str | None]:
 
 @contextmanager
 def fresh_database(backend: str, base: Path, extra_env: dict[str, str] | None = None,
-                   setup: str = "") -> Iterator[dict[str, str]]:
+                   setup: str = "", accounts: tuple[str, ...] = ()) -> Iterator[dict[str, str]]:
     """A new, migrated database for ``backend`` (dropped afterwards): the environment of a
     process that uses it (``base_env`` plus ``extra_env``). It is a copy of this process's
     migrated template (see :func:`_template`), not a new ``migrate``. ``setup`` (Python for
     ``manage.py shell``) has been run in it: once per test process, in the template, so a
-    test that needs a fresh database made by the same setup pays no process start for it."""
-    with _database_copy(backend, base, extra_env, accounts=(), setup=setup) as env:
+    test that needs a fresh database made by the same setup pays no process start for it.
+    ``accounts`` (made by :func:`accounts_script`) are in the template too, the same way."""
+    with _database_copy(backend, base, extra_env, accounts=accounts, setup=setup) as env:
         yield env
 
 

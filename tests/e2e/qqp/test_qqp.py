@@ -23,11 +23,10 @@ from tests.conftest import (
     PG_ADMIN_URL,
     ROOT,
     BrokerProcess,
-    accounts_script,
     fresh_database,
     listener,
     manage_many,
-    run_manage,
+    query_database,
     stop_listener,
 )
 from tests.support.smqp_session import Session, header
@@ -62,26 +61,25 @@ def qqp_broker(backend: str, base: Path, **settings: str) -> Iterator[tuple]:
     """(the SMQP listener, the QQP listener) on a fresh database with ``root``, ``bob``, and
     the topic /qqp; unsigned items from loopback are published as root."""
     extra = {"SMQP_QQP_UNSIGNED_ACCOUNT": "root", **settings}
-    with fresh_database(backend, base, extra) as env:
-        run_manage(env, "shell", "--no-imports", "-c", accounts_script("root", "bob"))
-        with listener(env, base, name=f"smqp-{backend}") as smqp:
-            with Session(smqp.host, smqp.port, "root") as root:
-                assert root.command("CREATE TOPIC /qqp").code == 200
-            qqp = start_qqp(env, base)
-            try:
-                yield smqp, qqp
-            finally:
-                stop_listener(qqp)
+    with fresh_database(backend, base, extra, accounts=("root", "bob")) as env, \
+            listener(env, base, name=f"smqp-{backend}") as smqp:
+        with Session(smqp.host, smqp.port, "root") as root:
+            assert root.command("CREATE TOPIC /qqp").code == 200
+        qqp = start_qqp(env, base)
+        try:
+            yield smqp, qqp
+        finally:
+            stop_listener(qqp)
 
 
 def stored_rows(env: dict[str, str]) -> list[tuple[str, bytes]]:
-    """(Cmuid, first section) of every stored message."""
-    script = ("from broker.models import Message\n"
-              "for m in Message.objects.order_by('pk'):\n"
-              "    print(repr((m.cmuid, bytes(m.sections.first().body))))\n")
-    out = run_manage(env, "shell", "--no-imports", "-c", script).stdout
-    import ast
-    return [ast.literal_eval(line) for line in out.splitlines() if line.startswith("(")]
+    """(Cmuid, first section) of every stored message, in smuid order."""
+    rows = query_database(env, """
+        SELECT m.cmuid, s.body FROM broker_message m JOIN broker_datasection s
+          ON s.message_id = m.id AND s.position = (
+            SELECT MIN(position) FROM broker_datasection WHERE message_id = m.id)
+        ORDER BY m.id""")
+    return [(cmuid, bytes(body)) for cmuid, body in rows]
 
 
 def item(rid: str, payload: bytes = b"hello", topic: str = "/qqp") -> dict:
@@ -275,10 +273,9 @@ def test_signed_items_are_published_as_the_key_s_account(tmp_path):
             assert code == 5 and "signature" in text
         with QQPSender(qqp.host, qqp.port) as sender:  # not a signature at all
             assert sender.send(item("sig-4", topic="/qqp"), b"garbage")[0] == 5
-        script = ("from broker.models import Message\n"
-                  "print([(m.cmuid, m.publisher.username) for m in Message.objects.all()])\n")
-        out = smqp.manage("shell", "--no-imports", "-c", script).stdout
-        assert out.strip() == "[('sig-1', 'bob')]"
+        assert query_database(smqp.env, """
+            SELECT m.cmuid, a.username FROM broker_message m
+              LEFT JOIN accounts_account a ON a.id = m.publisher_id""") == [("sig-1", "bob")]
 
 
 def test_qqps_over_tls(tmp_path):

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from broker.qqp.send import QQPSender
-from tests.conftest import run_manage, stop_listener
+from tests.conftest import query_database, stop_listener
 
 from .test_qqp import item, qqp_broker, start_qqp
 
@@ -73,17 +73,6 @@ def test_senders_of_one_resource_id_at_once_store_it_once(tmp_path, backend):
 
 def _stored(env: dict[str, str]) -> tuple[list[tuple[str, int]], dict[str, int | None]]:
     """(Cmuid, smuid) of every stored message, and the claims: ResourceID → smuid."""
-    script = ("from broker.models import Message, QQPResource\n"
-              "for m in Message.objects.order_by('pk'):\n"
-              "    print('M', m.cmuid, m.pk)\n"
-              "for r in QQPResource.objects.all():\n"
-              "    print('R', r.resource_id, r.smuid)\n")
-    out = run_manage(env, "shell", "--no-imports", "-c", script).stdout
-    messages, claims = [], {}
-    for line in out.splitlines():
-        kind, rid, number = line.split()
-        if kind == "M":
-            messages.append((rid, int(number)))
-        else:
-            claims[rid] = None if number == "None" else int(number)
-    return messages, claims
+    messages = query_database(env, "SELECT cmuid, id FROM broker_message ORDER BY id")
+    claims = query_database(env, "SELECT resource_id, smuid FROM broker_qqpresource")
+    return [tuple(row) for row in messages], dict(claims)
