@@ -9,24 +9,22 @@ database (SQLite or PostgreSQL), with accounts, topics and rights for known traf
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import (
     BrokerProcess,
-    accounts_script,
     daphne,
     fresh_database,
     listener,
-    run_manage,
 )
+from tests.support.store_shell import StoreShell
 from tests.support.timing import scaled
 
 METRICS_TOKEN = "ops-test-token"
@@ -37,6 +35,7 @@ class OpsStack:
     http: str
     smqp: BrokerProcess
     env: dict[str, str]
+    shell: StoreShell = field(repr=False)
 
     def get(self, path: str, token: str | None = METRICS_TOKEN) -> tuple[int, str]:
         request = urllib.request.Request(self.http + path)
@@ -49,16 +48,9 @@ class OpsStack:
             return exc.code, exc.read().decode()
 
     def store(self, code: str) -> object:
-        """Run ``code`` (which sets ``result``) in ``manage.py shell``; its JSON value."""
-        out = run_manage(
-            self.env,
-            "shell",
-            "--no-imports",
-            "-c",
-            code + "\nimport json\nprint('RESULT=' + json.dumps(result))",
-        ).stdout
-        line = [x for x in out.splitlines() if x.startswith("RESULT=")][-1]
-        return json.loads(line[len("RESULT=") :])
+        """Run ``code`` (which sets ``result``) with Django on the stack's database; its
+        JSON value."""
+        return self.shell.run(code)
 
 
 SETUP = """
@@ -84,21 +76,19 @@ def ops_stack(backend: str, base: Path) -> Iterator[OpsStack]:
         # Nothing is sent again during a test unless the topic asks for it (/ops/d).
         "SMQP_DEFAULT_RETRY_TIMEOUT": "600",
     }
-    with fresh_database(backend, base, extra) as env:
-        # Accounts, topics and the grants (``manage.py grant``) in one process: each
-        # ``manage.py`` start costs ~2 s of CPU.
-        run_manage(
-            env,
-            "shell",
-            "--no-imports",
-            "-c",
-            accounts_script("root", "bob", "alice", "jtegen") + SETUP + GRANTS,
-        )
-        with (
-            listener(env, base, name=f"ops-{backend}") as smqp,
-            daphne(env, base, f"daphne-{uuid.uuid4().hex[:6]}.log") as http,
-        ):
-            yield OpsStack(http, smqp, env)
+    # Accounts, topics and grants come from this process's template (one ``manage.py``
+    # start per test process, not per stack).
+    with fresh_database(backend, base, extra, setup=SETUP + GRANTS,
+                        accounts=("root", "bob", "alice", "jtegen")) as env:
+        shell = StoreShell(env, base / f"store-shell-{uuid.uuid4().hex[:6]}.log")
+        try:
+            with (
+                listener(env, base, name=f"ops-{backend}") as smqp,
+                daphne(env, base, f"daphne-{uuid.uuid4().hex[:6]}.log") as http,
+            ):
+                yield OpsStack(http, smqp, env, shell)
+        finally:
+            shell.close()
 
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition", pause: float = 0.3):
