@@ -11,6 +11,7 @@ from collections import Counter
 
 from tests.support.queue_clients import ack_answer, smuid_in
 from tests.support.smqp_session import Session
+from tests.support.timing import scaled
 
 RETRY = 5  # the queue topic's retry timeout (a dead session's lock ends after it)
 
@@ -170,7 +171,7 @@ def acked_in_store(database_url: str, smuids: set[int]) -> dict[int, list[str]]:
     import psycopg
 
     out: dict[int, list[str]] = {}
-    with psycopg.connect(database_url, connect_timeout=5) as db:
+    with psycopg.connect(database_url, connect_timeout=int(scaled(5))) as db:
         rows = db.execute(
             "SELECT d.message_id, a.username FROM broker_delivery d JOIN accounts_account a "
             "ON a.id = d.account_id WHERE d.state = 'acked' AND d.message_id = ANY(%s)",
@@ -202,8 +203,8 @@ def wait_drained(database_url: str, publishers: list[Publisher], queue: list[Con
             for c in fan:
                 assert fans <= set(c.notified), f"{c.account}: ACKED but never sent"
             return time.monotonic() - started
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not drained in {timeout} s: {len(missing_jobs)} queue "
+        if time.monotonic() - started > scaled(timeout):
+            raise AssertionError(f"not drained in {scaled(timeout)} s: {len(missing_jobs)} queue "
                                  f"messages not ACKED, e.g. {sorted(missing_jobs)[:20]}; "
                                  f"fan-out {[len(m) for m in missing_fan]}")
         time.sleep(0.5)

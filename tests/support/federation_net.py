@@ -124,7 +124,8 @@ class Domain:
         if url.startswith("sqlite:///"):
             import sqlite3
 
-            with contextlib.closing(sqlite3.connect(url[len("sqlite:///"):], timeout=30)) as db:
+            with contextlib.closing(sqlite3.connect(url[len("sqlite:///"):],
+                                                    timeout=scaled(30))) as db:
                 return list(db.execute(query, params))
         import psycopg
 

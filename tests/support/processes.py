@@ -7,6 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from tests.support.timing import scaled
+
 
 def children(pid: int) -> list[int]:
     found: list[int] = []
@@ -30,5 +32,5 @@ def connected_pids(port: int, prefix: list[str] | None = None) -> set[int]:
     ``ip netns exec NS``, to look inside a namespace)."""
     out = subprocess.run([*(prefix or []), "ss", "-tnpH", "state", "established",
                           "dport", f"= :{port}"], capture_output=True, text=True,
-                         timeout=30).stdout
+                         timeout=scaled(30)).stdout
     return {int(p) for p in re.findall(r"pid=(\d+)", out)}

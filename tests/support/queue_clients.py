@@ -45,7 +45,7 @@ def store_rows(env: dict[str, str], sql: str) -> list[tuple]:
     """Rows of ``sql`` (no parameters) on the database of ``env``."""
     url = env["DATABASE_URL"]
     if url.startswith("sqlite:///"):
-        with closing(sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30)) as conn:
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"), timeout=scaled(30))) as conn:
             return conn.execute(sql).fetchall()
     import psycopg
 

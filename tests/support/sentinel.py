@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 
 from tests.conftest import free_port
+from tests.support.timing import scaled
 
 
 @dataclass
@@ -31,17 +32,17 @@ class SentinelSet:
 
     def sentinel(self) -> redis.Redis:
         host, port = self.sentinels[0]
-        return redis.Redis(host, port, socket_timeout=3, decode_responses=True)
+        return redis.Redis(host, port, socket_timeout=scaled(3), decode_responses=True)
 
     def master_port(self) -> int:
         return int(self.sentinel().sentinel_get_master_addr_by_name(self.master_name)[1])
 
     def redis(self, port: int) -> redis.Redis:
-        return redis.Redis("127.0.0.1", port, socket_timeout=3, decode_responses=True)
+        return redis.Redis("127.0.0.1", port, socket_timeout=scaled(3), decode_responses=True)
 
 
 def _wait_port(port: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -80,7 +81,7 @@ def sentinel_set(base: Path, master_name: str = "smqp") -> Iterator[SentinelSet]
                 f"sentinel failover-timeout {master_name} 5000\n")
             start(port, [server, str(conf), "--sentinel"])
         # The Sentinels know the replica (through the master's INFO) before a test fails over.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while time.monotonic() < deadline:
             replicas = result.sentinel().sentinel_slaves(master_name)
             if replicas and all(r.get("is_disconnected") is False for r in replicas):

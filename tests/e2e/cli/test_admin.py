@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import ROOT, query_database
 from tests.support.api_stack import ApiStack, api_stack
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +56,7 @@ def admin(stack: ApiStack, *args: str, token: str | None = "root", password: str
         env["SMQP_PASSWORD"] = password
     return subprocess.run([sys.executable, "-m", "broker.cli", "admin", *args], env=env,
                           cwd=ROOT, input=stdin if stdin is not None else "",
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=scaled(60))
 
 
 def test_sessions_are_listed_as_a_table_and_json_and_closed(stack):
@@ -179,7 +180,7 @@ def test_password_login_exit_statuses_and_permissions(stack):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SMQP_")}
     down = subprocess.run([sys.executable, "-m", "broker.cli", "admin", "--url",
                            "http://127.0.0.1:9", "--token", "x", "overview"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=scaled(60))
     assert down.returncode == 3 and "cannot reach" in down.stderr
     overview = admin(stack, "overview")
     assert overview.returncode == 0 and overview.stdout.startswith("sessions: ")

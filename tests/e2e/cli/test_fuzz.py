@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.cli.main import main
+from tests.support.timing import scaled
 
 LINES = st.one_of(
     st.sampled_from([b"200 OK", b"200-OK", b"200 Guid: x1", b"401 No", b"310 ACK", b"",
@@ -32,13 +33,13 @@ def serve(script: bytes) -> tuple[int, threading.Thread]:
 
     def run() -> None:
         with listener:
-            listener.settimeout(5)
+            listener.settimeout(scaled(5))
             try:
                 conn, _ = listener.accept()
             except OSError:
                 return
             with conn:
-                conn.settimeout(1)
+                conn.settimeout(scaled(1))
                 with contextlib.suppress(OSError):
                     conn.sendall(script)
                     conn.shutdown(socket.SHUT_WR)  # then the client reads the end
@@ -63,7 +64,7 @@ def test_any_server_reply_ends_in_one_line(monkeypatch, greeting, lines, verb):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         status = main(["--port", str(port), "--account", "bob", "--timeout", "2", *verb])
-    thread.join(5)
+    thread.join(scaled(5))
     lines_out = [x for x in err.getvalue().splitlines() if x.startswith("smqp: error:")]
     others = [x for x in err.getvalue().splitlines()
               if x and not x.startswith(("smqp: error:", "subscribed to", "── "))]

@@ -50,6 +50,7 @@ from tests.conftest import (
 )
 from tests.e2e.qqp.test_qqp import start_qqp
 from tests.support.smqp_session import Session
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -108,7 +109,7 @@ class Walker:
     def run(self, body: str, fails: bool = False) -> str:
         result = subprocess.run(
             ["bash", "-e", "-o", "pipefail", "-c", self.script(body)], cwd=self.workdir,
-            env=self.env, capture_output=True, text=True, timeout=STEP_TIMEOUT,
+            env=self.env, capture_output=True, text=True, timeout=scaled(STEP_TIMEOUT),
             stdin=subprocess.DEVNULL)
         assert (result.returncode != 0) == fails, (
             f"walkthrough step {'succeeded' if fails else 'failed'} "
@@ -125,7 +126,7 @@ class Walker:
                 env=self.env, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         self.background.append((proc, out, err))
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + scaled(WAIT)
         while not (out.read_text() or err.read_text()):
             assert proc.poll() is None, f"{body} ended: {err.read_text()}"
             assert time.monotonic() < deadline, f"{body} printed nothing"
@@ -133,7 +134,7 @@ class Walker:
 
     def wait_output(self, pattern: re.Pattern) -> None:
         proc, out, err = self.background[-1]
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + scaled(WAIT)
         while not pattern.search(out.read_text()):
             assert proc.poll() is None and time.monotonic() < deadline, (
                 f"background step never printed {pattern.pattern!r}:\n"
@@ -162,7 +163,7 @@ class Walker:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
-                    proc.wait(timeout=30)
+                    proc.wait(timeout=scaled(30))
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
@@ -240,7 +241,7 @@ def gnupg_home() -> Iterator[Path]:
     finally:
         subprocess.run(["gpgconf", "--kill", "gpg-agent"],
                        env={**os.environ, "GNUPGHOME": str(home)}, capture_output=True,
-                       timeout=60)
+                       timeout=scaled(60))
         shutil.rmtree(home, ignore_errors=True)
 
 

@@ -18,12 +18,13 @@ from tests.conftest import (
     free_port,
 )
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
 
 def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         try:
             result = predicate()
@@ -53,7 +54,7 @@ def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_pa
         )
         assert b"SMQP broker" in page and b"csrfmiddlewaretoken" in page
         css = urllib.request.urlopen(
-            f"http://127.0.0.1:{http_port}/static/admin/css/base.css", timeout=5)
+            f"http://127.0.0.1:{http_port}/static/admin/css/base.css", timeout=scaled(5))
         assert css.status == 200
         wait_for(lambda: socket.create_connection(("127.0.0.1", smqp_port), timeout=1), 60,
                  "the SMQP port")
@@ -63,7 +64,7 @@ def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_pa
         wait_for(lambda: "ready" in log_path.read_text() and "beat: Starting" in
                  log_path.read_text(), 60, "the Celery worker and beat")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=scaled(60)) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -85,7 +86,7 @@ def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
         result = subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), "runbroker", "--smqp-port", str(port),
              "--http-port", str(free_port()), "--qqp-port", str(free_port())],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(60),
         )
     assert result.returncode != 0
     assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr
@@ -119,7 +120,7 @@ def test_ctrl_c_stops_every_child_cleanly(database_urls, tmp_path, when):
             wait_for(lambda: "ready" in log_path.read_text() and "beat: Starting" in
                      log_path.read_text(), 90, "the Celery worker and beat")
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=90) == 0
+        assert proc.wait(timeout=scaled(90)) == 0
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

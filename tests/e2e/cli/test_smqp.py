@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ROOT, BrokerProcess, fresh_listener, manage_many
 from tests.support.smqp_session import Session
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +47,7 @@ def cli_env(broker: BrokerProcess, account: str, home: Path | None = None) -> di
 def smqp(env: dict[str, str], *args: str, stdin: str | None = None,
          timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "broker.cli", *args], env=env, cwd=ROOT,
-                          input=stdin, capture_output=True, text=True, timeout=timeout)
+                          input=stdin, capture_output=True, text=True, timeout=scaled(timeout))
 
 
 def delivery_state(broker: BrokerProcess, account: str, smuid: int) -> str:
@@ -58,7 +59,7 @@ def delivery_state(broker: BrokerProcess, account: str, smuid: int) -> str:
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if predicate():
             return
@@ -85,7 +86,7 @@ def test_pub_sub_round_trip_acks(broker):
         assert second.returncode == 0, second.stderr
         assert second.stdout.startswith("published to /news: smuid ")
         assert "cmuid c-2" in second.stdout
-        out, err = sub.communicate(timeout=60)
+        out, err = sub.communicate(timeout=scaled(60))
     finally:
         if sub.poll() is None:
             sub.kill()
@@ -185,7 +186,7 @@ def test_password_prompt_under_a_terminal(broker, tmp_path):
     env = cli_env(broker, "root", tmp_path)
     del env["SMQP_PASSWORD"]
     child = pexpect.spawn(sys.executable, ["-m", "broker.cli", "topics"], env=env,
-                          cwd=str(ROOT), encoding="utf-8", timeout=60)
+                          cwd=str(ROOT), encoding="utf-8", timeout=scaled(60))
     try:
         child.expect("Password for root: ")
         child.sendline("pw")
@@ -199,10 +200,10 @@ def test_password_prompt_under_a_terminal(broker, tmp_path):
 def test_shell_round_trip_under_a_pty(broker, tmp_path):
     env = cli_env(broker, "bob", tmp_path)
     bob = pexpect.spawn(sys.executable, ["-m", "broker.cli", "shell"], env=env,
-                        cwd=str(ROOT), encoding="utf-8", timeout=60)
+                        cwd=str(ROOT), encoding="utf-8", timeout=scaled(60))
     alice = pexpect.spawn(sys.executable, ["-m", "broker.cli", "shell"],
                           env=cli_env(broker, "alice", tmp_path), cwd=str(ROOT),
-                          encoding="utf-8", timeout=60)
+                          encoding="utf-8", timeout=scaled(60))
     try:
         bob.expect(r"connected to .* as bob\d+")
         bob.expect_exact("smqp> ")

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import ROOT, manage_many
 from tests.e2e.cli.test_smqp import broker, cli_env, smqp  # noqa: F401 (the fixture)
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +52,7 @@ def test_sub_with_a_selector_and_a_lease(broker):  # noqa: F811
         with Session(broker.host, broker.port, "alice") as alice:
             smuid_of(alice.publish("/news", "low", [("Priority", "5")]))
             wanted = smuid_of(alice.publish("/news", "high", [("Priority", "1")]))
-        out, err = sub.communicate(timeout=60)
+        out, err = sub.communicate(timeout=scaled(60))
     finally:
         sub.kill()
     assert sub.returncode == 0, err
@@ -106,7 +107,7 @@ def test_the_shell_never_runs_a_body_into_a_reply(broker, tmp_path):  # noqa: F8
             for _ in range(40):
                 assert alice.reply().code == 200
         time.sleep(2)
-        out, err = shell.communicate("QUIT\n", timeout=60)
+        out, err = shell.communicate("QUIT\n", timeout=scaled(60))
     finally:
         shell.kill()
     assert shell.returncode == 0, err

@@ -24,6 +24,7 @@ from tests.support.cluster_load import (
     check,
     wait_drained,
 )
+from tests.support.timing import scaled
 
 from .xmpp_load import XMPP_FAN, XMPP_QUEUE, XmppFanout, XmppQueueWorker
 
@@ -60,16 +61,16 @@ def load(cluster, publishers: int = 4, drain_timeout: float = 240, *,
     subs = queue + fan + xqueue + xfan
     for c in subs:
         c.start()
-        assert c.ready.wait(60)
+        assert c.ready.wait(scaled(60))
     check([c.failure for c in subs])
     for p in pubs:
         p.start()
-        assert p.ready.wait(60)
+        assert p.ready.wait(scaled(60))
     try:
         yield pubs, queue + xqueue, fan + xfan
         stop_pub.set()
         for p in pubs:
-            p.join(timeout=60)
+            p.join(timeout=scaled(60))
         check([p.failure for p in pubs])
         confirmed = sum(len(v) for p in pubs for v in p.confirmed.values())
         drained = wait_drained(cluster.database_url, pubs, queue + xqueue, fan + xfan,
@@ -97,7 +98,7 @@ def load(cluster, publishers: int = 4, drain_timeout: float = 240, *,
         stop_pub.set()
         stop_sub.set()
         for c in pubs + subs:
-            c.join(timeout=30)
+            c.join(timeout=scaled(30))
 
 
 def assert_xmpp_exactly_once(queue: list[Consumer], xqueue: list[XmppQueueWorker],
@@ -133,7 +134,7 @@ def wait_progress(pubs, more: int = 20, timeout: float = 180) -> float:
     start, base = time.monotonic(), progress(pubs)
     while progress(pubs) < base + more:
         check([p.failure for p in pubs])
-        assert time.monotonic() - start < timeout, "publishing did not resume"
+        assert time.monotonic() - start < scaled(timeout), "publishing did not resume"
         time.sleep(0.1)
     return time.monotonic() - start
 
@@ -142,7 +143,7 @@ def locks_in_store(database_url: str, smuids: list[int]) -> dict[int, tuple[str,
     """(state, holder) of each queue delivery of ``smuids``."""
     import psycopg
 
-    with psycopg.connect(database_url, connect_timeout=5) as db:
+    with psycopg.connect(database_url, connect_timeout=int(scaled(5))) as db:
         return {m: (state, holder) for m, state, holder in db.execute(
             "SELECT message_id, state, holder FROM broker_delivery WHERE message_id = ANY(%s)",
             (smuids,)).fetchall()}
@@ -218,7 +219,7 @@ def test_kill_a_broker_node_under_load(cluster):
                                     node=LOCKS_TOPIC)]
             for w in live:
                 w.start()
-                assert w.ready.wait(60)
+                assert w.ready.wait(scaled(60))
 
             def consumers_of(smuid: int) -> list[str]:
                 return [w.name for w in live for m in w.acked if m == smuid]
@@ -238,7 +239,7 @@ def test_kill_a_broker_node_under_load(cluster):
     finally:
         stop_live.set()
         for w in live:
-            w.join(30)
+            w.join(scaled(30))
         for s in holders:
             s.close()
         if killed_it:
@@ -286,7 +287,7 @@ def test_kill_the_postgresql_primary(cluster):
         from deploy.local import HUB as hub
         from deploy.local import PATRONI_REST, _wait, http_status
 
-        _wait(lambda: http_status(f"http://{hub}:{PATRONI_REST[leader]}/sync") == 200, 300,
+        _wait(lambda: http_status(f"http://{hub}:{PATRONI_REST[leader]}/sync") == 200, scaled(300),
               "the old primary to rejoin as the synchronous replica")
 
 
@@ -333,7 +334,7 @@ class Timeline(threading.Thread):
 
     def report(self) -> None:
         self.done.set()
-        self.join(5)
+        self.join(scaled(5))
         # No publish confirmed from the failure to the end of the longest pause after it.
         times = [0.0, *self.confirms]
         gaps = [(b - a, b) for a, b in pairwise(times)]

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import deploy.local as local
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -64,7 +65,7 @@ def leave_a_cluster(procs: list[subprocess.Popen]) -> None:
                                   stderr=subprocess.DEVNULL))
     procs.append(subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-n1", "sleep", "300"]))
     local._wait(lambda: local.Leftovers.find().listeners and
-                local._netns_pids(f"{PREFIX}-n1"), 30, "the leftovers to run")
+                local._netns_pids(f"{PREFIX}-n1"), scaled(30), "the leftovers to run")
 
 
 def test_a_start_up_refuses_while_leftovers_run_and_down_removes_them(isolated, tmp_path):
@@ -76,7 +77,7 @@ def test_a_start_up_refuses_while_leftovers_run_and_down_removes_them(isolated, 
     assert f"{NET}.1:23790" in str(refused.value) and f"{PREFIX}-n1" in str(refused.value)
     cluster.down()
     assert not local.Leftovers.find()
-    assert all(p.wait(5) is not None for p in isolated)
+    assert all(p.wait(scaled(5)) is not None for p in isolated)
     assert not exists("netns", f"{PREFIX}-n1") and not exists("netns", "smqpnsleft")
     assert not exists("link", f"{PREFIX}0")
 

@@ -15,6 +15,7 @@ import pytest
 
 from deploy.local import FRONT, HUB, SPARK_PORTS
 from tests.support.smqp_session import Session
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -61,7 +62,7 @@ def test_runreport_on_a_spark_standalone_cluster_of_the_nodes(cluster, spark):
     # The job ran on the workers: the application is the master's, with an executor on each
     # node's worker (each left its directory in the worker's work dir).
     url = f"http://{cluster.nodes[0].addr}:{SPARK_PORTS['master_ui']}/json/"
-    with urllib.request.urlopen(url, timeout=10) as reply:
+    with urllib.request.urlopen(url, timeout=scaled(10)) as reply:
         apps = json.load(reply)["completedapps"]
     assert [a["name"] for a in apps].count("smqp-usage-report") >= 1, apps
     ran_on = [n.name for n in cluster.nodes

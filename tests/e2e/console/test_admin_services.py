@@ -109,7 +109,7 @@ class AdminClient:
         assert url.endswith("/admin/"), f"admin login failed: {url}"
 
     def get(self, path: str) -> str:
-        with self.opener.open(self.base + path, timeout=30) as reply:
+        with self.opener.open(self.base + path, timeout=scaled(30)) as reply:
             return reply.read().decode()
 
     def post(self, path: str, data: dict | list) -> tuple[str, str]:
@@ -117,7 +117,7 @@ class AdminClient:
         body = urllib.parse.urlencode(data, doseq=True).encode()
         request = urllib.request.Request(self.base + path, data=body, headers={
             "Content-Type": "application/x-www-form-urlencoded", "Referer": self.base + path})
-        with self.opener.open(request, timeout=30) as reply:
+        with self.opener.open(request, timeout=scaled(30)) as reply:
             return reply.geturl(), reply.read().decode()
 
     def fields(self, path: str) -> dict[str, str]:
@@ -195,7 +195,7 @@ def test_a_refused_change_is_a_form_error_and_changes_nothing(stack):
     bob = admin.topic_id("/accounts/bob")
     request = urllib.request.Request(f"{stack.http}{TOPICS}{bob}/delete/")
     with pytest.raises(urllib.error.HTTPError) as refused:
-        admin.opener.open(request, timeout=30)
+        admin.opener.open(request, timeout=scaled(30))
     assert refused.value.code == 403  # an account topic goes with its account
     with stack.session() as root:
         assert root.command("COUNT TOPIC /shop/b").code == 200  # as it was

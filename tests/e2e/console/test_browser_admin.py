@@ -30,6 +30,7 @@ from tests.conftest import (
     stop_listener,
 )
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -118,7 +119,7 @@ def wait_for(browser, css: str, timeout: float = 10.0):
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, timeout).until(
+    return WebDriverWait(browser, scaled(timeout)).until(
         ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
 
 
@@ -137,7 +138,7 @@ def choose_autocomplete(browser, field: str, typed: str, wanted: str) -> None:
                 return item
         return False
 
-    WebDriverWait(browser, 10).until(option).click()
+    WebDriverWait(browser, scaled(10)).until(option).click()
     chosen = browser.find_element(By.CSS_SELECTOR, f".field-{field} .select2-selection__rendered")
     assert wanted in chosen.text
 
@@ -161,7 +162,7 @@ def subscribe_reply(stack: Stack, until: Callable[[int], bool]) -> int:
     ``until(code)`` holds or the propagation time is over. A 200 is undone at once."""
     with RawClient(stack.smqp.host, stack.smqp.port) as bob:
         bob.login("bob", "pw")
-        deadline = time.monotonic() + PROPAGATION_SECONDS
+        deadline = time.monotonic() + scaled(PROPAGATION_SECONDS)
         while True:
             reply = bob.command("SUBSCRIBE MESSAGE /stocks/ibm")
             code = int(reply[-1][:3])

@@ -16,6 +16,7 @@ from broker.smqp.client import NotifyMessage, NotifyServer
 from tests.conftest import ROOT
 from tests.support.ops_stack import OpsStack, ops_stack, wait_until
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -306,7 +307,7 @@ def test_branding_deliveries_message_states_listeners_and_the_unfinished_minute(
     assert browser.title.endswith("| SMQP broker"), browser.title
     assert browser.find_element(By.CSS_SELECTOR, "#site-name").text.strip() == "SMQP broker"
     icon = browser.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
-    with urllib.request.urlopen(icon, timeout=10) as reply:
+    with urllib.request.urlopen(icon, timeout=scaled(10)) as reply:
         assert reply.status == 200 and b"<svg" in reply.read()
     with Session(stack.smqp.host, stack.smqp.port, "bob") as bob, \
             Session(stack.smqp.host, stack.smqp.port, "alice") as alice:

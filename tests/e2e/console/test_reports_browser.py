@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, accounts_script, daphne, fresh_database, run_manage
 from tests.e2e.console.test_browser_admin import CHROMEDRIVER, CHROMIUM, browser, css_loaded  # noqa: F401
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # three Spark runs
 
@@ -66,7 +67,7 @@ def test_report_pages_in_chromium(site, browser) -> None:  # noqa: F811
     browser.find_element(By.NAME, "username").send_keys("root")
     browser.find_element(By.NAME, "password").send_keys("pw")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    WebDriverWait(browser, 30).until(ec.visibility_of_element_located(
+    WebDriverWait(browser, scaled(30)).until(ec.visibility_of_element_located(
         (By.CSS_SELECTOR, ".usage-trend svg")))
     assert css_loaded(browser)
     # The trend: one point per reported day, per series (published, ACKed, dead).
@@ -77,7 +78,7 @@ def test_report_pages_in_chromium(site, browser) -> None:  # noqa: F811
     shot(browser, "01-report-list")
 
     browser.find_element(By.LINK_TEXT, "Jan. 11, 2026").click()
-    WebDriverWait(browser, 30).until(ec.visibility_of_element_located(
+    WebDriverWait(browser, scaled(30)).until(ec.visibility_of_element_located(
         (By.CSS_SELECTOR, "#usage-report svg rect")))
     assert "Usage report 2026-01-11" in browser.page_source
     assert browser.find_element(By.ID, "report-state").text.startswith("done")
@@ -97,7 +98,7 @@ def test_report_pages_in_chromium(site, browser) -> None:  # noqa: F811
     href = link.get_attribute("href")
     cookie = browser.get_cookie("sessionid")["value"]
     request = urllib.request.Request(href, headers={"Cookie": f"sessionid={cookie}"})
-    with urllib.request.urlopen(request, timeout=30) as reply:
+    with urllib.request.urlopen(request, timeout=scaled(30)) as reply:
         assert reply.headers["Content-Type"].startswith("text/csv")
         table = list(csv.reader(io.StringIO(reply.read().decode())))
     assert table[0][:3] == ["account", "published", "delivered"]
@@ -105,5 +106,5 @@ def test_report_pages_in_chromium(site, browser) -> None:  # noqa: F811
     assert len(table) - 1 == len(shown)
     assert {r[0] for r in table[1:]} >= {"alice", "bob", "carol", "dave"}
     # Without a session: the admin login, not the data.
-    with urllib.request.urlopen(href, timeout=30) as reply:
+    with urllib.request.urlopen(href, timeout=scaled(30)) as reply:
         assert "text/csv" not in reply.headers["Content-Type"]

@@ -23,6 +23,7 @@ from tests.e2e.federation.test_triangle import (
 )
 from tests.support.federation_net import federation, wait_for
 from tests.support.smqp_session import Session, header
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -42,7 +43,7 @@ def test_kill_mid_stream_loses_and_duplicates_nothing(backend, tmp_path):
         for proc in (b.links, b.listener.proc):
             proc.send_signal(signal.SIGKILL)
         for proc in (b.links, b.listener.proc):
-            proc.wait(timeout=30)
+            proc.wait(timeout=scaled(30))
         at_kill = len(stored_origins(b, "/a/news/kill"))
         bob.close()
         sent += publish(a, "/news/kill", 1, n=SECOND, tag="second")
@@ -82,7 +83,7 @@ def test_the_peer_killed_mid_stream_the_link_reconnects_and_catches_up(backend, 
         wait_for(lambda: len(stored_origins(b, "/a/news/kill")) >= 10, 180,
                  "B to store the first messages", interval=0.05)
         a.listener.proc.send_signal(signal.SIGKILL)
-        a.listener.proc.wait(timeout=30)
+        a.listener.proc.wait(timeout=scaled(30))
         at_kill = len(stored_origins(b, "/a/news/kill"))
         wait_for(lambda: state(b)["a"]["state"] in ("down", "connecting"), 60,
                  "B's link to notice")

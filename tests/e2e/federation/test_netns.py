@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=scaled(30))
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def unix_redis(tmp_path):
     wait_for(sock.exists, 30, "redis-server's socket")
     yield f"unix://{sock}?db=0"
     proc.terminate()
-    proc.wait(timeout=10)
+    proc.wait(timeout=scaled(10))
 
 
 PUBLISHER = """
@@ -99,7 +99,8 @@ def publish_inside(prefix: list[str], host: str, port: int, n: int) -> list[int]
 
     out = subprocess.run([*prefix, sys.executable, "-c", PUBLISHER.format(
         root=str(ROOT), host=host, port=port, n=n)], capture_output=True, text=True,
-        timeout=300, cwd=ROOT, env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"})
+        timeout=scaled(300), cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

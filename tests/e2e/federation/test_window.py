@@ -20,6 +20,7 @@ from tests.e2e.federation.test_triangle import (
     wait_subscribed,
 )
 from tests.support.federation_net import federation, wait_for
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -46,9 +47,9 @@ def test_a_window_in_flight_survives_a_receiver_restart(backend, tmp_path):
             wait_for(lambda: len(stored_origins(b, "/a/news/kill")) >= 20, 180,
                      "B to store the first messages", interval=0.05)
             b.links.send_signal(signal.SIGKILL)
-            b.links.wait(timeout=30)
+            b.links.wait(timeout=scaled(30))
         finally:
-            publisher.join(300)
+            publisher.join(scaled(300))
         at_kill = len(stored_origins(b, "/a/news/kill"))
         assert len(sent) == COUNT
         bob.close()

@@ -19,13 +19,14 @@ import pytest
 
 from tests.conftest import accounts_script, daphne, fresh_database, listener, run_manage
 from tests.support.smqp_session import Session
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
 def get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=15) as reply:
+        with urllib.request.urlopen(url, timeout=scaled(15)) as reply:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -66,7 +67,7 @@ def test_daphne_readyz_names_a_database_it_cannot_open(tmp_path):
 
 def health_port_of(broker) -> str:
     """The listener's health address, once its log names it."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while "Health checks on" not in broker.log():
         assert time.monotonic() < deadline, broker.log()
         time.sleep(0.05)
@@ -85,7 +86,7 @@ def children(pid: int) -> list[int]:
 
 
 def wait_for_status(url: str, status: int, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         got, body = get(url)
         if got == status:
@@ -99,7 +100,7 @@ def test_listener_health_port_checks_storage_processes_and_drains(backend, tmp_p
     with fresh_database(backend, tmp_path) as env:
         run_manage(env, "shell", "--no-imports", "-c", accounts_script("bob"))
         with listener(env, tmp_path, "--health-port", "0", "--grace", "4") as broker:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(30)
             while "Health checks on" not in broker.log():
                 assert time.monotonic() < deadline, broker.log()
                 time.sleep(0.05)
@@ -122,12 +123,12 @@ def test_listener_health_port_checks_storage_processes_and_drains(backend, tmp_p
             # Wrong method, unknown path, garbage: answered, and the port stays up.
             request = urllib.request.Request(f"{url}/readyz", method="POST", data=b"")
             try:
-                urllib.request.urlopen(request, timeout=10)
+                urllib.request.urlopen(request, timeout=scaled(10))
             except urllib.error.HTTPError as exc:
                 assert exc.code == 405
             assert get(f"{url}/metrics")[0] == 404
             host, port = url.removeprefix("http://").split(":")
-            with socket.create_connection((host, int(port)), timeout=10) as raw:
+            with socket.create_connection((host, int(port)), timeout=scaled(10)) as raw:
                 raw.sendall(b"\x00garbage\r\n\r\n")
                 assert raw.recv(100).startswith(b"HTTP/1.1 400")
             # SIGTERM: sessions get NOTIFY SERVER BYE, and during the grace period (a
@@ -137,7 +138,7 @@ def test_listener_health_port_checks_storage_processes_and_drains(backend, tmp_p
                 draining = wait_for_status(f"{url}/readyz", 503, 10)
             assert draining == {"ready": False,
                                 "checks": {"listener": "draining: shutting down"}}
-            broker.proc.wait(timeout=30)
+            broker.proc.wait(timeout=scaled(30))
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -150,7 +151,7 @@ def test_listener_readyz_names_redis_when_it_is_gone(backend, tmp_path):
 
     def start_redis() -> subprocess.Popen:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -166,7 +167,7 @@ def test_listener_readyz_names_redis_when_it_is_gone(backend, tmp_path):
             url = health_port_of(broker)
             assert wait_for_status(f"{url}/readyz", 200)["checks"]["redis"] == "ok"
             redis_proc.terminate()
-            redis_proc.wait(timeout=30)
+            redis_proc.wait(timeout=scaled(30))
             down = wait_for_status(f"{url}/readyz", 503, 60)["checks"]
             assert "ConnectionError" in down["redis"], down
             assert down["database"] == "ok" and down["storage"] == "ok", down
@@ -175,4 +176,4 @@ def test_listener_readyz_names_redis_when_it_is_gone(backend, tmp_path):
             wait_for_status(f"{url}/readyz", 200, 60)
     finally:
         redis_proc.terminate()
-        redis_proc.wait(timeout=30)
+        redis_proc.wait(timeout=scaled(30))

@@ -30,6 +30,7 @@ from tests.conftest import (
     stop_listener,
 )
 from tests.support.smqp_session import Session, header
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +41,7 @@ def start_qqp(env: dict[str, str], var_dir: Path, *extra: str) -> BrokerProcess:
         [sys.executable, str(ROOT / "manage.py"), "runqqp", "--host", "127.0.0.1", "--port", "0",
          *extra],
         env=env, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while time.monotonic() < deadline:
         log = log_path.read_text()
         match = re.search(r"QQP listening on ([\d.]+):(\d+)", log)
@@ -213,7 +214,7 @@ def test_fuzz_through_the_socket(tmp_path):
     with qqp_broker("sqlite", tmp_path) as (smqp, qqp):
         for _ in range(10_000):
             stream = _mutate(rng, b"".join(rng.sample(seeds, 2)))
-            with socket.create_connection((qqp.host, qqp.port), timeout=10) as sock:
+            with socket.create_connection((qqp.host, qqp.port), timeout=scaled(10)) as sock:
                 sock.sendall(stream)
                 sock.shutdown(socket.SHUT_WR)
                 while sock.recv(65536):

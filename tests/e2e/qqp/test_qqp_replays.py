@@ -12,6 +12,7 @@ import pytest
 
 from broker.qqp.send import QQPSender
 from tests.conftest import query_database, stop_listener
+from tests.support.timing import scaled
 
 from .test_qqp import item, qqp_broker, start_qqp
 
@@ -35,7 +36,7 @@ def _race(ports: list[tuple[str, int]], rid: str) -> list[tuple[int, str]]:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(60)
+            thread.join(scaled(60))
     finally:
         for sender in senders:
             sender.close()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.api_stack import api_stack
 from tests.support.smqp_session import smuid_of
+from tests.support.timing import scaled
 from tests.support.xmpp_session import SERVICE, XmppSession
 
 pytestmark = pytest.mark.e2e
@@ -62,7 +63,7 @@ def test_publishes_and_acks_name_their_door(stack) -> None:
     with stack.session("bob") as bob:
         smqp_smuid = smuid_of(bob.publish("/doors", "s"))
     xmpp.close()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while True:  # XMPP ACKs reach the database in the dispatcher's next ACK batch
         rows = json.loads(stack.smqp.manage("shell", "--no-imports", "-c", EVENTS)
                           .stdout.strip().splitlines()[-1])

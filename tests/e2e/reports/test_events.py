@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import fresh_listener
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,7 @@ def events(broker) -> list[list]:
 def test_publish_subscribe_and_ack_events_carry_what_reports_need(broker) -> None:
     with Session(broker.host, broker.port, "bob") as bob:
         # The listener's permission cache sees the new entries within a second or so.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while bob.command("SUBSCRIBE MESSAGE /r").code != 200:
             assert time.monotonic() < deadline, "bob may not subscribe to /r"
             time.sleep(0.3)

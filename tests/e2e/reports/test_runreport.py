@@ -45,7 +45,7 @@ def check(env: dict[str, str], day: date) -> list[str]:
 
 
 def wait_for(predicate, timeout: float, what: str, log: Path | None = None):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         result = predicate()
         if result:

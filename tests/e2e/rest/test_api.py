@@ -86,7 +86,7 @@ def pull(client: httpx.Client, sub: int, n: int = 10, wait: float = 0) -> list[d
 
 def pull_until(client: httpx.Client, sub: int, count: int, timeout: float = 30) -> list[dict]:
     got: list[dict] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while len(got) < count and time.monotonic() < deadline:
         got += pull(client, sub, count - len(got), wait=2)
     return got
@@ -126,7 +126,7 @@ def test_a_queue_message_is_consumed_once_across_two_rest_consumers(stack):
         sent = {publish(root, "q/work", f"job {i}") for i in range(12)}
         acked: list[int] = []
         receipts: dict[str, list[str]] = {"bob": [], "alice": []}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while len(acked) < len(sent) and time.monotonic() < deadline:
             for name, (client, sub) in subs.items():
                 for m in pull(client, sub, 3, wait=0.5):
@@ -164,7 +164,7 @@ def test_a_nack_hands_a_queue_message_to_the_next_subscriber(stack):
                 "alice": (alice, subscribe(alice, "/q/nack"))}
         smuid = publish(root, "q/nack", "pass it on")
         holder = None
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while holder is None and time.monotonic() < deadline:
             for name, (client, sub) in subs.items():
                 got = pull(client, sub, 1, wait=0.3)
@@ -347,7 +347,7 @@ def test_refusals_match_smqp(stack):
 
 
 def test_unauthenticated_and_bad_tokens_get_401(stack):
-    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=30) as anon:
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=scaled(30)) as anon:
         reply = anon.get("topics/")
         assert reply.status_code == 401
         assert reply.headers["www-authenticate"].startswith("Bearer")
@@ -358,7 +358,7 @@ def test_unauthenticated_and_bad_tokens_get_401(stack):
 
 
 def test_tokens_made_with_the_password_work_until_revoked(stack):
-    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=30) as anon:
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=scaled(30)) as anon:
         wrong = anon.post("auth/tokens", json={"username": "alice", "password": "nope",
                                                 "name": "ci"})
         assert wrong.status_code == 401 and wrong.json()["smqp_code"] == 530
@@ -518,7 +518,7 @@ def test_a_token_made_in_the_admin_works_until_revoked_there(stack):
     token = re.search(r"(smqp_[0-9a-f]{16}_[A-Za-z0-9_-]+)", body)
     assert token, body[:3000]
     auth = {"Authorization": f"Bearer {token.group(1)}"}
-    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=30, headers=auth) as alice:
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=scaled(30), headers=auth) as alice:
         assert alice.get("subscriptions/").status_code == 200
         mine = alice.get("auth/tokens").json()["results"]
         made = next(t for t in mine if t["name"] == "from-admin")
@@ -551,7 +551,7 @@ def test_long_polls_wait_for_a_publish_without_holding_other_requests(stack):
                 assert root.get("subscriptions/").status_code == 200
                 assert not any(f.done() for f in waiting)  # all still waiting
                 sent = {publish(root, "s/lp", f"wake {i}") for i in range(10)}
-                got = [m["smuid"] for f in waiting for m in f.result(timeout=60)]
+                got = [m["smuid"] for f in waiting for m in f.result(timeout=scaled(60))]
             assert sorted(got) == sorted(sent)  # each pull one message, none twice
         finally:
             for c in clients:
@@ -599,6 +599,6 @@ def test_an_expired_token_gets_401(stack):
                "ApiToken.objects.filter(name='short').update(expires=timezone.now())\n"
                "from django.core.cache import cache\nfrom broker.services import auth\n"
                "cache.delete(auth._pair_key('127.0.0.1', auth.TOKEN_GUESSES))")
-    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=30,
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=scaled(30),
                       headers={"Authorization": f"Bearer {token}"}) as client:
         assert client.get("subscriptions/").status_code == 401

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.e2e.console.test_browser_admin import CHROMIUM, browser  # noqa: F401 (a fixture)
 from tests.support.api_stack import ApiStack, api_stack
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -44,7 +45,7 @@ def shot(browser, name: str) -> Path:  # noqa: F811
 
 
 def wait(condition, timeout: float = 30.0, what: str = ""):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         found = condition()
         if found:

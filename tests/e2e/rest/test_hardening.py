@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.support.api_stack import ApiStack, api_stack
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +85,7 @@ def test_token_guesses_are_not_reset_by_anothers_good_login(stack):
     """Two wrong passwords for alice, then a token for bob with his right one, six times:
     alice's guesses stop at the limit (10); the eleventh and twelfth are 429."""
     codes = []
-    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=60) as anon:
+    with httpx.Client(base_url=stack.http + "/api/v1/", timeout=scaled(60)) as anon:
         for _ in range(6):
             for _ in range(2):
                 codes.append(anon.post("auth/tokens", json={

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import daphne, run_manage
 from tests.support.federation_net import Domain, prepared, wait_for
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -45,7 +46,7 @@ def pair(request, tmp_path_factory) -> Iterator[tuple[Domain, Domain, str, dict[
 
 def client(url: str, token: str | None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url + "/api/v1/", timeout=60, headers=headers)
+    return httpx.Client(base_url=url + "/api/v1/", timeout=scaled(60), headers=headers)
 
 
 def peer_subscriptions(a: Domain) -> list[str]:

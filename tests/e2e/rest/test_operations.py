@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import run_manage
 from tests.support.api_stack import ApiStack, api_stack
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 from tests.support.xmpp_session import XmppSession
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +66,7 @@ def sessions_of(client: httpx.Client, account: str) -> list[dict]:
 
 
 def wait_for(check, timeout: float = 15.0, step: float = 0.3):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         got = check()
         if got or time.monotonic() > deadline:
@@ -253,9 +254,9 @@ def test_peek_is_read_only_and_purge_counts_and_audits(stack):
 
 
 def test_model_permissions_decide(stack):
-    watcher = httpx.Client(base_url=stack.http + "/api/v1/", timeout=30, headers={
+    watcher = httpx.Client(base_url=stack.http + "/api/v1/", timeout=scaled(30), headers={
         "Authorization": f"Bearer {stack.tokens['watcher']}"})
-    keeper = httpx.Client(base_url=stack.http + "/api/v1/", timeout=30, headers={
+    keeper = httpx.Client(base_url=stack.http + "/api/v1/", timeout=scaled(30), headers={
         "Authorization": f"Bearer {stack.tokens['keeper']}"})
     with watcher, keeper, stack.client("bob") as bob:
         # Staff without the model permission: 403; a plain account: 403 as well.

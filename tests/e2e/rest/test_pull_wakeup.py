@@ -16,6 +16,7 @@ import pytest
 from tests.e2e.rest.test_api import publish, pull, subscribe
 from tests.support.api_stack import ApiStack, api_stack
 from tests.support.smqp_session import smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +59,7 @@ def test_a_waiting_pull_is_woken_by_a_rest_publish(stack):
         waiting = pool.submit(timed_pull, bob, sub)
         time.sleep(1)  # (not an assertion: lets the pull start waiting first)
         smuid = publish(root, "w/rest", "wake up")
-        got, took = waiting.result(timeout=WAIT * 3)
+        got, took = waiting.result(timeout=scaled(WAIT * 3))
         assert [m["smuid"] for m in got] == [smuid]
         # The look an hour later never came: the commit's wake-up ended the wait.
         assert took < WAIT, took
@@ -71,6 +72,6 @@ def test_a_waiting_pull_is_woken_by_an_smqp_publish_in_another_process(stack):
         time.sleep(1)
         reply = root.publish("/w/smqp", "over-smqp")
         assert reply.code == 200
-        got, took = waiting.result(timeout=WAIT * 3)
+        got, took = waiting.result(timeout=scaled(WAIT * 3))
         assert [m["smuid"] for m in got] == [smuid_of(reply)]
         assert took < WAIT, took

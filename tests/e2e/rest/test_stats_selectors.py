@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import run_manage
 from tests.support.api_stack import ApiStack, api_stack
 from tests.support.smqp_session import smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +55,7 @@ tree.changed()
 def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 60) -> T:
     """``probe()`` until it gives something (a loaded machine: generous, no sleeps as
     asserts)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         got = probe()
         if got is not None:
@@ -87,7 +88,7 @@ def pull(client: httpx.Client, sub: int, n: int = 50, wait: float = 0) -> list[d
 def pull_all(client: httpx.Client, sub: int, count: int, timeout: float = 60) -> list[dict]:
     """Pull until ``count`` messages came, then once more (waiting) to see that no more do."""
     got: list[dict] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while len(got) < count and time.monotonic() < deadline:
         got += pull(client, sub, wait=2)
     got += pull(client, sub, wait=2)
@@ -110,7 +111,7 @@ REST_PUBLISHED, SMQP_PUBLISHED, PULLED, ACKED = 5, 2, 3, 2
 
 
 def metrics(stack: ApiStack) -> dict[str, float]:
-    reply = httpx.get(stack.http + "/metrics", timeout=30,
+    reply = httpx.get(stack.http + "/metrics", timeout=scaled(30),
                       headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
     assert reply.status_code == 200, reply.text
     return {sample.labels["kind"]: sample.value
@@ -189,7 +190,7 @@ result = {
         assert refused.status_code == 403
         assert refused.headers["content-type"] == "application/problem+json"
         assert refused.json()["smqp_code"] == 401
-    anonymous = httpx.get(stack.http + "/api/v1/stats/", timeout=30)
+    anonymous = httpx.get(stack.http + "/api/v1/stats/", timeout=scaled(30))
     assert anonymous.status_code == 401
     assert anonymous.json()["smqp_code"] == 530
 

@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import fresh_database, listener, query_database, run_manage
 from tests.e2e.smqp.test_storage import gone, storage_pids, wait_for
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +91,7 @@ def test_an_ack_in_the_journal_only_is_never_delivered_again(backend, recovered_
                     assert again.command("NOOP").code == 200
             for pid in [broker.proc.pid, *storage]:
                 os.kill(pid, signal.SIGKILL)
-            broker.proc.wait(timeout=10)
+            broker.proc.wait(timeout=scaled(10))
             assert wait_for(lambda: all(gone(pid) for pid in storage))
         # The journal is the ACK's only record now.
         assert delivery_state(env, smuid) != "acked"
@@ -131,7 +132,7 @@ def test_other_ack_settings_deliver_once(settings, tmp_path):
             with Session(broker.host, broker.port, "bob") as bob:
                 assert bob.quiet(1.0)
             broker.proc.send_signal(signal.SIGKILL)
-            broker.proc.wait(timeout=10)
+            broker.proc.wait(timeout=scaled(10))
         with listener(env, tmp_path, name="k2") as broker, \
                 Session(broker.host, broker.port, "bob") as bob:
             assert bob.quiet(1.0)

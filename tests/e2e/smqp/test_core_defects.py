@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import base_env, fresh_listener, listener, run_manage
 from tests.support.smqp_client import RawClient
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -204,7 +205,7 @@ def test_server_timeout_subscribers_are_told_before_a_shutdown(database_urls, tm
         b.proc.send_signal(signal.SIGTERM)
         warned = told.read_until_closed()
         rest = other.read_until_closed()
-        assert b.proc.wait(timeout=20) == 0
+        assert b.proc.wait(timeout=scaled(20)) == 0
     assert warned.startswith(b"NOTIFY SERVER TIMEOUT 00:00:02\r\n\r\n"
                              b"NOTIFY SERVER BYE 00:00:02\r\n\r\n"), warned
     assert rest.startswith(b"NOTIFY SERVER BYE 00:00:02\r\n\r\n"), rest

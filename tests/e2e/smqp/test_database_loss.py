@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import PG_ADMIN_URL, fresh_listener
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +35,7 @@ def _wait_acked(database: str, count: int) -> None:
     its batch follows; a cut while that batch is on its way would be another test (a batch
     that fails mid-transaction is retried, and logged)."""
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + database
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     with psycopg.connect(url, autocommit=True) as conn:
         while time.monotonic() < deadline:
             (acked,) = conn.execute(

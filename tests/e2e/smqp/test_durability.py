@@ -48,7 +48,7 @@ def env(request, tmp_path):
 
 def kill9(broker) -> None:
     broker.proc.send_signal(signal.SIGKILL)
-    broker.proc.wait(timeout=10)
+    broker.proc.wait(timeout=scaled(10))
 
 
 def test_kill_9_loses_nothing_acknowledged(env):
@@ -155,7 +155,7 @@ def test_celery_worker_moves_expired_messages_to_trash(env):
     try:
         with Session(broker.host, broker.port, "root") as root:
             smuid = smuid_of(root.publish("/d/exp", "E1", [("Timeout", "00:00:01")]))
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + scaled(60)
             while time.monotonic() < deadline:
                 trash = root.command("LIST MESSAGE /d/exp/Trash").lines[-1]
                 if trash != "none":
@@ -167,7 +167,7 @@ def test_celery_worker_moves_expired_messages_to_trash(env):
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
-            worker.wait(timeout=30)
+            worker.wait(timeout=scaled(30))
         except subprocess.TimeoutExpired:
             worker.kill()
         stop_listener(broker)

@@ -25,6 +25,7 @@ import pytest
 
 from tests.conftest import base_env, start_listener, stop_listener
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -514,7 +515,7 @@ def _raw_stream(setup: FuzzSetup, seed: int) -> tuple[int, bytes]:
     way = rng.randrange(3)
     if way == 1:
         data = data.replace(b"\n", b"")  # no line end at all
-    s = socket.create_connection((setup.broker.host, setup.broker.port), timeout=30)
+    s = socket.create_connection((setup.broker.host, setup.broker.port), timeout=scaled(30))
     try:
         if way == 2:  # abortive close (RST) right after sending
             s.sendall(data)

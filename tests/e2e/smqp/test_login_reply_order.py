@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import fresh_listener
 from tests.support.smqp_client import REPLY_END, RawClient
 from tests.support.smqp_session import Session
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -92,6 +93,6 @@ def test_the_whole_pass_reply_comes_before_the_first_notify(broker):
             assert after == f"NOTIFY MESSAGE {TOPIC}\r\n".encode(), (attempt, after)
     finally:
         stop.set()
-        publisher.join(30)
+        publisher.join(scaled(30))
     assert not failures, failures
     assert published  # the logins did race live publishes

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import fresh_listener
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +31,7 @@ def throttled(request, tmp_path_factory):
 
 def client(broker, source: str = "127.0.0.1") -> RawClient:
     c = RawClient.__new__(RawClient)
-    c.sock = socket.create_connection((broker.host, broker.port), timeout=10,
+    c.sock = socket.create_connection((broker.host, broker.port), timeout=scaled(10),
                                       source_address=(source, 0))
     c.buf = b""
     c.read_line()  # greeting

@@ -472,7 +472,7 @@ def test_set_notify_port_sends_notifications_to_the_clients_listener(broker):
     listener = s.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
-    listener.settimeout(10)
+    listener.settimeout(scaled(10))
     port = listener.getsockname()[1]
     with session(broker, "bob") as bob, session(broker) as pub:
         assert pub.command("CREATE TOPIC /m/np").code == 200
@@ -480,7 +480,7 @@ def test_set_notify_port_sends_notifications_to_the_clients_listener(broker):
         assert bob.command(f"SET NOTIFY PORT {port}").lines == ["OK"]
         channel, (peer, _) = listener.accept()  # connected before the reply came
         assert peer == "127.0.0.1"
-        channel.settimeout(10)
+        channel.settimeout(scaled(10))
         smuid = smuid_of(pub.publish("/m/np", "NP1"))
         data = b""
         while not data.endswith(b"\r\n.\r\n"):

@@ -359,7 +359,7 @@ UALEntry.objects.create(topic=Topic.objects.get(path="/mx_revoke"), principal_ki
     with login(matrix, "m_acc") as sub, login(matrix, "root") as pub:
         assert command(sub, f"SUBSCRIBE MESSAGE {topic}") == 200
         assert publish(pub, "MESSAGE", topic, "BEFORE") == 200
-        sub.sock.settimeout(10)
+        sub.sock.settimeout(scaled(10))
         first = sub.read_line()
         assert first == f"NOTIFY MESSAGE {topic}\r\n".encode(), first
         skip_notification(sub, first)
@@ -367,7 +367,7 @@ UALEntry.objects.create(topic=Topic.objects.get(path="/mx_revoke"), principal_ki
         matrix.manage("grant", "m_acc", "/mx_revoke", "subscribe", "--revoke")
         time.sleep(scaled(1.0))
         assert publish(pub, "MESSAGE", topic, "AFTER") == 200
-        sub.sock.settimeout(1.5)
+        sub.sock.settimeout(scaled(1.5))
         try:
             data = sub.sock.recv(65536)
         except TimeoutError:
@@ -399,7 +399,7 @@ UALEntry.objects.create(topic=top, principal_kind="account",
     time.sleep(scaled(1.0))
     with login(matrix, "m_grp") as sub:
         assert command(sub, "NOOP") == 200
-        sub.sock.settimeout(1.5)
+        sub.sock.settimeout(scaled(1.5))
         try:
             data = sub.buf + sub.sock.recv(65536)
         except TimeoutError:
@@ -420,6 +420,6 @@ UALEntry.objects.create(topic=top, principal_kind="account",
     with login(matrix, "m_grp") as sub, login(matrix, "root") as pub:
         assert command(sub, f"SUBSCRIBE MESSAGE {topic}") == 200
         assert publish(pub, "MESSAGE", topic, "BACK") == 200
-        sub.sock.settimeout(10)
+        sub.sock.settimeout(scaled(10))
         first = sub.read_line()
         assert first == f"NOTIFY MESSAGE {topic}\r\n".encode(), first

@@ -170,7 +170,7 @@ def test_every_queue_message_is_consumed_exactly_once_across_processes(backend, 
                            Subscriber("alice", two.host, two.port, stop)]
             for s in subscribers:
                 s.start()
-                assert s.subscribed.wait(30) and s.failure is None, s.failure
+                assert s.subscribed.wait(scaled(30)) and s.failure is None, s.failure
             try:
                 with Session(one.host, one.port, "root") as p1, \
                         Session(two.host, two.port, "root") as p2:
@@ -186,7 +186,7 @@ def test_every_queue_message_is_consumed_exactly_once_across_processes(backend, 
             finally:
                 stop.set()
                 for s in subscribers:
-                    s.join(timeout=30)
+                    s.join(timeout=scaled(30))
             logs = one.log() + two.log()
             assert "Traceback" not in logs, logs[-5000:]
             sweeps_log = celery_log.read_text()

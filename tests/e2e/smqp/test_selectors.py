@@ -22,7 +22,7 @@ from broker.smqp.client import NotifyMessage, NotifySubscription
 from tests.conftest import fresh_listener
 from tests.support.queue_clients import smuid_in, store_rows
 from tests.support.smqp_session import Session, header, smuid_of
-from tests.support.timing import scaled
+from tests.support.timing import SLOWDOWN, scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -99,9 +99,10 @@ def _drain(s: Session, count: int) -> list[int]:
 
 
 def _cancelled(s: Session, timeout: float = 10.0) -> NotifySubscription:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
-        event = s.notification(timeout=max(0.1, deadline - time.monotonic()))
+        # notification() scales what it is given: the time left, unscaled
+        event = s.notification(timeout=max(0.1, deadline - time.monotonic()) / SLOWDOWN)
         if isinstance(event, NotifySubscription):
             return event
     raise AssertionError("no NOTIFY SUBSCRIPTION")

@@ -161,7 +161,7 @@ def test_pipelined_commands_answered_in_order(broker_server):
 def test_half_close_gets_every_reply_then_a_close(broker_server):
     """A client that pipelines commands and then shuts down its sending side (EOF) still
     reads the greeting and every reply, and then the server closes the connection."""
-    s = socket.create_connection((broker_server.host, broker_server.port), timeout=10)
+    s = socket.create_connection((broker_server.host, broker_server.port), timeout=scaled(10))
     try:
         s.sendall(b"NOOP\r\nLOGIN bob CLEAR/1.0\r\nPASS bob pw\r\nNOOP\r\n")
         s.shutdown(socket.SHUT_WR)
@@ -265,7 +265,7 @@ def test_sigterm_says_bye_and_stops_cleanly(database_urls, tmp_path):
         broker.proc.send_signal(signal.SIGTERM)
         data = c.read_until_closed()
     assert data.startswith(b"NOTIFY SERVER BYE 00:00:01\r\n\r\n"), data
-    assert broker.proc.wait(timeout=20) == 0
+    assert broker.proc.wait(timeout=scaled(20)) == 0
 
 
 def test_sessions_are_recorded(broker_server):
@@ -277,7 +277,7 @@ def test_sessions_are_recorded(broker_server):
         f"s = S.objects.get(guid='{guid}'); "
         "print(s.account.username, s.ended is not None, s.peer_address.startswith('127.0.0.1:'))"
     )
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while True:
         out = broker_server.manage("shell", "--no-imports", "-c", code).stdout.split()
         if out == ["bob", "True", "True"] or time.monotonic() > deadline:
@@ -334,16 +334,16 @@ async def test_a_thousand_idle_sessions_are_held_and_all_still_answered(broker_s
     try:
         for _ in range(IDLE_SESSIONS // 100):
             sessions += await asyncio.wait_for(asyncio.gather(
-                *(_idle_session(host, port) for _ in range(100))), 60)
-        reader, writer = await asyncio.wait_for(_idle_session(host, port), 30)
+                *(_idle_session(host, port) for _ in range(100))), scaled(60))
+        reader, writer = await asyncio.wait_for(_idle_session(host, port), scaled(30))
         for _ in range(20):
             writer.write(b"NOOP\r\n")
-            assert await asyncio.wait_for(reader.readline(), 30) == b"200 OK\r\n"
+            assert await asyncio.wait_for(reader.readline(), scaled(30)) == b"200 OK\r\n"
         writer.close()
         for _, w in sessions:
             w.write(b"NOOP\r\n")
         replies = await asyncio.wait_for(
-            asyncio.gather(*(r.readline() for r, _ in sessions)), 60)
+            asyncio.gather(*(r.readline() for r, _ in sessions)), scaled(60))
         assert replies == [b"200 OK\r\n"] * IDLE_SESSIONS
     finally:
         for _, w in sessions:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import fresh_listener, start_listener, stop_listener
 from tests.support.smqp_session import Session, header, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +40,7 @@ def storage_pids(listener_pid: int) -> list[int]:
 
 
 def wait_for(condition, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if condition():
             return True

@@ -39,6 +39,7 @@ from tests.conftest import (
     stop_process,
 )
 from tests.support.smqp_client import RawClient
+from tests.support.timing import scaled
 
 
 class TLSClient(RawClient):
@@ -46,7 +47,7 @@ class TLSClient(RawClient):
 
     def __init__(self, host: str, port: int, context: ssl.SSLContext,
                  server_hostname: str = "localhost", timeout: float = 10.0) -> None:
-        raw = socket.create_connection((host, port), timeout=timeout)
+        raw = socket.create_connection((host, port), timeout=scaled(timeout))
         try:
             self.sock = context.wrap_socket(raw, server_hostname=server_hostname)
         except BaseException:
@@ -87,7 +88,7 @@ def launch(env: dict[str, str], var_dir: Path, *args: str,
             [sys.executable, str(ROOT / "manage.py"), "runsmqp", *args],
             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while time.monotonic() < deadline:
         found = dict(re.findall(r"^(SMQPS?) listening on [\d.]+:(\d+)", log_path.read_text(),
                                 re.M))
@@ -286,7 +287,7 @@ def test_clear_on_plain_from_another_host_is_refused(tls_env) -> None:
         result = subprocess.run(
             ["ip", "netns", "exec", ns, sys.executable, "-c", _NS_CLIENT, host_ip,
              str(broker.ports["SMQP"]), "LOGIN bob CLEAR/1.0", "LOGIN bob SCRAM-SHA-256/1.0"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=scaled(60),
         )
         assert result.returncode == 0, result.stderr
         clear, scram = result.stdout.splitlines()
@@ -302,7 +303,7 @@ def test_missing_key_is_a_clear_startup_error(tls_env) -> None:
     missing = str(base / "no-such.key")
     proc = launch({**env, "SMQP_TLS_KEY": missing}, base, "--port", "0", "--tls-port", "0")
     assert isinstance(proc, subprocess.Popen)
-    assert proc.wait(timeout=30) != 0
+    assert proc.wait(timeout=scaled(30)) != 0
     assert "cannot read the TLS key" in proc.log_text and missing in proc.log_text
 
 
@@ -312,7 +313,7 @@ def test_mismatched_key_is_a_clear_startup_error(tls_env, ca) -> None:
     proc = launch({**env, "SMQP_TLS_KEY": str(other_key)}, base, "--port", "0",
                   "--tls-port", "0")
     assert isinstance(proc, subprocess.Popen)
-    assert proc.wait(timeout=30) != 0
+    assert proc.wait(timeout=scaled(30)) != 0
     assert "does not match the certificate" in proc.log_text, proc.log_text
 
 
@@ -321,7 +322,7 @@ def test_no_plain_needs_a_certificate(tls_env) -> None:
     no_tls = {k: v for k, v in env.items() if not k.startswith("SMQP_TLS_")}
     proc = launch({**no_tls, "SMQP_PLAIN": "0"}, base, "--port", "0")
     assert isinstance(proc, subprocess.Popen)
-    assert proc.wait(timeout=30) != 0
+    assert proc.wait(timeout=scaled(30)) != 0
     assert "needs a TLS certificate" in proc.log_text
 
 
@@ -364,7 +365,7 @@ def test_sighup_reloads_the_certificate(tls_env) -> None:
 
 
 def wait_for(condition, broker: Listener, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + scaled(seconds)
     while not condition():
         assert time.monotonic() < deadline, broker.log()
         time.sleep(0.05)
@@ -549,10 +550,11 @@ def test_runbroker_serves_https_and_wss_with_the_smqps_certificate(tls_env, ca) 
             stderr=subprocess.STDOUT)
     try:
         context = client_context(ca)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while True:
             try:
-                with socket.create_connection(("127.0.0.1", ports["https"]), timeout=5) as raw, \
+                with socket.create_connection(("127.0.0.1", ports["https"]),
+                                              timeout=scaled(5)) as raw, \
                         context.wrap_socket(raw, server_hostname="localhost") as tls:
                     tls.sendall(b"GET /admin/login/ HTTP/1.1\r\nHost: localhost\r\n"
                                 b"Connection: close\r\n\r\n")
@@ -589,12 +591,12 @@ def test_runbroker_serves_https_and_wss_with_the_smqps_certificate(tls_env, ca) 
             warnings.simplefilter("ignore", DeprecationWarning)
             old.minimum_version = ssl.TLSVersion.TLSv1
             old.maximum_version = ssl.TLSVersion.TLSv1_1
-        with socket.create_connection(("127.0.0.1", ports["https"]), timeout=5) as raw, \
+        with socket.create_connection(("127.0.0.1", ports["https"]), timeout=scaled(5)) as raw, \
                 pytest.raises(ssl.SSLError, match=r"ALERT_PROTOCOL_VERSION|UNEXPECTED_EOF"):
             old.wrap_socket(raw, server_hostname="localhost")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=scaled(30))
         except subprocess.TimeoutExpired:
             proc.kill()

@@ -54,7 +54,7 @@ def read_reply(c: RawClient) -> list[str]:
 
 def read_notification(c: RawClient, timeout: float = 10.0) -> list[str]:
     """The next NOTIFY block (without its closing empty line)."""
-    c.sock.settimeout(timeout)
+    c.sock.settimeout(scaled(timeout))
     try:
         first = c.read_line()
         assert first.startswith(b"NOTIFY "), first
@@ -63,17 +63,17 @@ def read_notification(c: RawClient, timeout: float = 10.0) -> list[str]:
             block.append(line)
         return text(block)
     finally:
-        c.sock.settimeout(10.0)
+        c.sock.settimeout(scaled(10.0))
 
 
 def nothing_pending(c: RawClient, wait: float = 0.5) -> bool:
-    c.sock.settimeout(wait)
+    c.sock.settimeout(scaled(wait))
     try:
         data = c.buf or c.sock.recv(65536)
     except TimeoutError:
         data = b""
     finally:
-        c.sock.settimeout(10.0)
+        c.sock.settimeout(scaled(10.0))
     return data == b""
 
 

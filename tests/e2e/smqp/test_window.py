@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import fresh_listener
 from tests.support.queue_clients import ack_answer, deliveries_of, smuid_in
 from tests.support.smqp_session import Session, smuid_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -225,14 +226,14 @@ def test_a_set_notify_port_connection_takes_acks_by_smuid(broker):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
-    listener.settimeout(10)
+    listener.settimeout(scaled(10))
     with listener, session(broker, "bob") as bob, session(broker) as pub:
         assert bob.command("SUB MESSAGE /w/e").code == 200
         assert bob.command("SET NOTIFY WINDOW 2").code == 200
         assert bob.command(f"SET NOTIFY PORT {listener.getsockname()[1]}").code == 200
         channel, _ = listener.accept()
         with channel:
-            channel.settimeout(10)
+            channel.settimeout(scaled(10))
             sent = [smuid_of(pub.publish("/w/e", f"P{i}")) for i in range(2)]
             data = b""
             while data.count(b"\r\n.\r\n") < 2:

@@ -74,7 +74,7 @@ class NodeClient:
                 return self.seen
 
     def wait_for(self, match: Callable[[dict], bool], timeout: float = 60.0) -> dict:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         checked = 0
         while True:
             self.drain()
@@ -99,7 +99,7 @@ class NodeClient:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(scaled(10))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
@@ -168,7 +168,7 @@ def test_three_workers_at_two_doors_share_300_items_each_consumed_once(xmpp):
             return ([e["id"] for e in w_xmpp.events("consumed")]
                     + [e["id"] for e in w_stanza.events("consumed")] + smqp_consumed)
 
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + scaled(240)
         while len(set(consumed())) < 300 and time.monotonic() < deadline:
             for w in (w_xmpp, w_stanza):
                 assert not w.events("error"), w.events("error")
@@ -236,7 +236,7 @@ def test_fanout_backlog_on_bind_and_both_directions_with_real_clients(xmpp):
                              ids=True, prefix="to-smqp", **base)
             one.wait_for(lambda e: e["event"] == "published")
             seen = []
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + scaled(60)
             while time.monotonic() < deadline:
                 note = smqp.message(timeout=30)
                 smqp.ack()

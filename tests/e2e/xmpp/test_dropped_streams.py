@@ -98,7 +98,7 @@ def test_streams_closed_right_after_close_end_their_sessions_and_lose_nothing(xm
     for t in closers:
         t.start()
     for t in [racing, *closers]:
-        t.join(120)
+        t.join(scaled(120))
     assert not errors, errors
     assert len(queue_ids) == QUEUE_ITEMS
     # Idle from here on it would not answer Daphne's keepalive pings (websocket-client answers

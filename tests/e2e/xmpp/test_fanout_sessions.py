@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.support.timing import scaled
+from tests.support.timing import SLOWDOWN, scaled
 from tests.support.xmpp_session import PUBSUB, XmppSession
 
 from .test_xmpp import create, node, ok, session, subscribe, xmpp  # noqa: F401 (fixture)
@@ -41,7 +41,7 @@ def test_every_live_session_of_an_account_gets_every_live_item(xmpp):  # noqa: F
             deadline = time.monotonic() + scaled(20)  # a wait budget, not a bound
             while len(got) < len(ids) and (left := deadline - time.monotonic()) > 0:
                 try:
-                    got.append(s.event("item", node=path, timeout=left)[1].get("id"))
+                    got.append(s.event("item", node=path, timeout=left / SLOWDOWN)[1].get("id"))
                 except AssertionError:  # none within the time left
                     break
             assert got == ids, (s.jid, got)

@@ -24,6 +24,7 @@ import websocket
 from tests.conftest import BrokerProcess, fresh_listener
 from tests.e2e.xmpp.test_xmpp import SETUP, create, ok, publish, session, subscribe
 from tests.support.queue_clients import store_rows
+from tests.support.timing import scaled
 from tests.support.xmpp_session import (
     CLIENT,
     FRAMING,
@@ -284,6 +285,6 @@ def test_ten_thousand_mutated_frames(xmpp):
     assert "Traceback" not in log, log[-3000:]
     assert "XMPP frame failed" not in log and "failed for" not in log
     with pytest.raises(websocket.WebSocketException):
-        websocket.create_connection(url.replace("xmpp-websocket", "nope"), timeout=10,
+        websocket.create_connection(url.replace("xmpp-websocket", "nope"), timeout=scaled(10),
                                     subprotocols=["xmpp"]).recv()
     assert broker.alive()

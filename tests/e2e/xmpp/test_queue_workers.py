@@ -19,6 +19,7 @@ import pytest
 import websocket
 
 from tests.conftest import BrokerProcess
+from tests.support.timing import scaled
 from tests.support.xmpp_session import CLIENT, EVENT, StreamEnded, XmppSession, tag, xmpp_stack
 
 from .test_xmpp import SETUP, create, ok, subscribe
@@ -110,14 +111,14 @@ def test_four_workers_with_queue_requests_16_consume_every_item_once(xmpp):
     for w in workers:
         w.start()
     publish_many(range(ITEMS // 2, ITEMS))
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + scaled(240)
     while sum(len(w.consumed) for w in workers) < ITEMS and time.monotonic() < deadline:
         assert all(w.failure is None for w in workers), [w.failure for w in workers]
         time.sleep(0.2)
     time.sleep(1.0)  # anything sent twice would show up now
     done.set()
     for w in workers:
-        w.join(10)
+        w.join(scaled(10))
     assert all(w.failure is None for w in workers), [w.failure for w in workers]
     counts = Counter(i for w in workers for i in w.consumed)
     assert set(counts) == {f"i{n}" for n in range(ITEMS)}, \

@@ -313,7 +313,7 @@ def test_console_counts_xmpp_sessions_and_closes_one(xmpp):
         assert second.closed(timeout=30)
         # The first stream is untouched; the closed one's session has ended.
         ok(first.iq("get", "<ping xmlns='urn:xmpp:ping'/>", to=None))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             rows = store_rows(broker.env, "SELECT ended FROM accounts_loginsession WHERE "
                               f"guid = '{target}'")
@@ -358,7 +358,7 @@ def test_xmpp_publishes_and_deliveries_are_counted(xmpp):
                                        f"<n xmlns='urn:t'>{i}</n></item></publish>"))
         for _ in range(3):
             reader.event("item", timeout=30, node=path)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while True:
             after = shell_json(broker, TOTALS)
             grown = {k: after.get(k, 0) - before.get(k, 0) for k in ("publish", "deliver")}

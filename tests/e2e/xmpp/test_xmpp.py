@@ -117,7 +117,7 @@ def payload_of(item: ET.Element) -> ET.Element:
 def test_handshake_without_the_xmpp_subprotocol_is_refused(xmpp):
     _, url = xmpp
     with pytest.raises(websocket.WebSocketException):
-        ws = websocket.create_connection(url, timeout=20)
+        ws = websocket.create_connection(url, timeout=scaled(20))
         ws.send(f"<open xmlns='{FRAMING}' to='localhost' version='1.0'/>")
         ws.recv()
 
@@ -175,7 +175,7 @@ def test_bind_is_a_login_session_that_ends_with_the_stream(xmpp):
     s.send(f"<close xmlns='{FRAMING}'/>")
     assert s.expect(lambda e: e.tag == tag(FRAMING, "close")) is not None
     assert s.closed()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while broker.manage("shell", "--no-imports", "-c", script).stdout.strip() != "0":
         assert time.monotonic() < deadline
         time.sleep(scaled(0.5))
@@ -442,7 +442,7 @@ def test_queue_item_is_dead_after_max_retries(xmpp):
     script = ("from broker.models import Delivery, Message\n"
               f"m = Message.objects.get(topic__path='{path}')\n"
               "print(Delivery.objects.get(message=m).state, m.state)")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while True:
         states = broker.manage("shell", "--no-imports", "-c", script).stdout.split()
         if states and states[0] == "dead":

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.support.sentinel import sentinel_set
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -55,7 +56,7 @@ print(json.dumps({"cache": got_cache, "layer": got_layer, "celery": got_celery,
 
 def probe(env: dict[str, str], tag: str) -> dict:
     out = subprocess.run([sys.executable, "-c", PROBE, tag], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=scaled(60))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -73,7 +74,7 @@ def test_every_redis_user_goes_through_sentinel_and_follows_a_failover(tmp_path)
         assert ss.redis(first).get("probe-ops") == "one"
 
         ss.sentinel().execute_command("SENTINEL", "FAILOVER", "smqp")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while ss.master_port() == first:
             assert time.monotonic() < deadline, "Sentinel did not fail over"
             time.sleep(0.2)

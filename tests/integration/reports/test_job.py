@@ -21,6 +21,7 @@ from spark_jobs.runner import DayNotOver, TakenOver, claim, purge_reported, run_
 from spark_jobs.tables import report_tables, trend_table
 from tests.conftest import ROOT
 from tests.support import reports_data
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.timeout(600)  # Spark jobs, on a shared machine
 DAY = date(2026, 3, 14)
@@ -234,7 +235,7 @@ def test_job_code_imports_no_django() -> None:
             "('django', 'broker', 'accounts', 'topics', 'ual')]; "
             "assert not bad, bad; print('clean')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+                         text=True, timeout=scaled(120), env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
 
 

@@ -28,6 +28,7 @@ from broker.store.frames import LENGTH as _LENGTH
 from broker.store.frames import take_frame
 from broker.store.worker import LONG_CALL_BYTES
 from tests.conftest import ROOT, accounts_script, fresh_database, run_manage
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +74,7 @@ class Child:
     def answer(self, timeout: float) -> tuple | None:
         """The next answer (call id, ok, value), or None if none came within ``timeout``."""
         while (frame := take_frame(self.buffer)) is None:
-            if not select.select([self.sock], [], [], timeout)[0]:
+            if not select.select([self.sock], [], [], scaled(timeout))[0]:
                 return None
             data = self.sock.recv(1 << 20)
             assert data, "the storage process closed its socket"
@@ -90,7 +91,7 @@ class Child:
         self.sock.close()
         self.release()  # a flush waiting for its word may go on, and the process end
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=scaled(30))
         finally:
             os.close(self.release_r)
             os.close(self.release_w)

@@ -11,6 +11,7 @@ import pytest
 
 from api.loopdispatch import LoopDispatcher
 from broker.services import ServiceError
+from tests.support.timing import scaled
 
 
 class Watchers:
@@ -47,16 +48,16 @@ async def test_a_pull_thread_is_woken_by_an_offer_to_its_account_only():
         with wakeups.watching(7) as woken:
             assert dispatcher.joined_calls == 1 and 7 in dispatcher.watchers
             loop.call_soon_threadsafe(registered.set)
-            other = woken.wait(0.2)  # (an offer to account 8 comes meanwhile)
+            other = woken.wait(scaled(0.2))  # (an offer to account 8 comes meanwhile)
             loop.call_soon_threadsafe(offered.set)
-            return other, woken.wait(30)
+            return other, woken.wait(scaled(30))
 
     pull = asyncio.ensure_future(asyncio.to_thread(view))
-    await asyncio.wait_for(registered.wait(), 30)
+    await asyncio.wait_for(registered.wait(), scaled(30))
     dispatcher.offer(8)
-    await asyncio.wait_for(offered.wait(), 30)
+    await asyncio.wait_for(offered.wait(), scaled(30))
     dispatcher.offer(7)
-    other, own = await asyncio.wait_for(pull, 30)
+    other, own = await asyncio.wait_for(pull, scaled(30))
     assert (other, own) == (False, True)
     await asyncio.sleep(0)  # the unwatch scheduled from the thread
     assert dispatcher.watchers == {}

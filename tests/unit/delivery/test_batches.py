@@ -13,6 +13,7 @@ from broker.delivery.linger import PublishLinger
 from broker.services.publish import Published, PublishRequest
 from broker.smqp.message import DataSection, Message
 from broker.store import lanes as storage
+from tests.support.timing import scaled
 
 
 def queued(*sizes: int) -> list:
@@ -266,11 +267,11 @@ def test_the_dispatcher_holds_a_small_batch_back_until_it_fills_or_its_time_is_u
             await asyncio.sleep(0.05)
             assert fake.batches == []  # held: three are not a batch worth its transaction
             rest = [facade.publish(queued(10)[0][0]) for _ in range(5)]
-            await asyncio.wait_for(asyncio.gather(*first, *rest), 5)
+            await asyncio.wait_for(asyncio.gather(*first, *rest), scaled(5))
             assert fake.batches == [8]  # the eighth made it worth sending: all together
             # A held batch goes once its first publish has waited the linger time.
             facade.commits.linger.seconds = 0.05
-            await asyncio.wait_for(facade.publish(queued(10)[0][0]), 5)
+            await asyncio.wait_for(facade.publish(queued(10)[0][0]), scaled(5))
             return fake.batches
         finally:
             facade.close()

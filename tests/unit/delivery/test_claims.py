@@ -9,6 +9,7 @@ import pytest
 
 from broker.delivery.claims import Claims, LockCommit
 from broker.services.locks import LockAck, LockTake
+from tests.support.timing import scaled
 
 
 class Clock:
@@ -170,7 +171,7 @@ async def test_settled_returns_once_what_was_queued_before_is_settled():
     before the release, or the lock outlives the session."""
     store = FakeStore()
     commit = LockCommit(store.settle, lambda receipts: None)
-    assert await asyncio.wait_for(commit.settled(), 1) is None  # nothing queued
+    assert await asyncio.wait_for(commit.settled(), scaled(1)) is None  # nothing queued
     store.gate.clear()
     first = asyncio.ensure_future(commit.take(take("a", 1)))
     await settled(store, 1)

@@ -15,6 +15,7 @@ from broker.services.ack import AckRequest
 from broker.services.publish import Published, PublishRequest
 from broker.smqp.message import DataSection, Message
 from broker.store import opsmetrics
+from tests.support.timing import scaled
 
 
 class Store:
@@ -91,10 +92,10 @@ async def test_publishes_are_answered_once_committed_and_reported(commits):
     group, heard = commits
     ok, refused = group.publish(request("/t", "c1")), group.publish(request("/refused", "c2"))
     assert group.queued == (2, 0)
-    published = await asyncio.wait_for(ok, 5)
+    published = await asyncio.wait_for(ok, scaled(5))
     assert published.smuid == 100 and published.payload[1] == "c1"
     with pytest.raises(ServiceError) as refusal:
-        await asyncio.wait_for(refused, 5)
+        await asyncio.wait_for(refused, scaled(5))
     assert refusal.value.code == 401  # that publish alone fails
     assert group.queued == (0, 0)
     # The dispatcher hears of what was committed, and keeps its payload for NOTIFY.
@@ -110,13 +111,13 @@ async def test_without_a_journal_an_ack_is_recorded_once_its_batch_committed(com
     assert not acked.done() and heard.recorded == []  # not before its COMMIT
     assert group.acked == {(42, 9): float("inf")}  # left out of backlog reads meanwhile
     store.ack_may_commit.set()
-    await asyncio.wait_for(acked, 5)
+    await asyncio.wait_for(acked, scaled(5))
     assert store.acks == [[9]] and heard.recorded == [9]
     assert heard.woken == [[900]]  # the receipts the batch sent
     # A batch that fails: the ACK is not recorded, and backlog reads offer it again.
     store.fail_acks = True
     with pytest.raises(ServiceError):
-        await asyncio.wait_for(group.ack(AckRequest(42, 10, 1, False)), 5)
+        await asyncio.wait_for(group.ack(AckRequest(42, 10, 1, False)), scaled(5))
     assert heard.recorded == [9] and (42, 10) not in group.acked
 
 
@@ -130,12 +131,13 @@ async def test_a_journaled_ack_is_recorded_before_its_batch_commits(commits, set
     store = group.storage = Store()
     store.ack_may_commit.clear()
     try:
-        await asyncio.wait_for(group.ack(AckRequest(42, 9, 1, False)), 5)  # journaled, flushed
+        # journaled, flushed
+        await asyncio.wait_for(group.ack(AckRequest(42, 9, 1, False)), scaled(5))
         assert heard.recorded == [9] and store.acks == []
         assert group.journal.pending
-        await asyncio.wait_for(group.durable(), 5)  # flushes again, returns
+        await asyncio.wait_for(group.durable(), scaled(5))  # flushes again, returns
         store.ack_may_commit.set()
-        await asyncio.wait_for(group.caught_up(), 5)
+        await asyncio.wait_for(group.caught_up(), scaled(5))
         assert store.acks == [[9]] and not group.journal.pending
     finally:
         group.close()
@@ -150,12 +152,12 @@ async def test_without_a_journal_a_written_ack_goes_again_until_it_commits(commi
     group, heard = commits
     store = group.storage
     store.fail_acks = True
-    await asyncio.wait_for(group.ack(AckRequest(42, 11, 1, False), written=True), 5)
+    await asyncio.wait_for(group.ack(AckRequest(42, 11, 1, False), written=True), scaled(5))
     # Recorded at once: the account's other sessions skip it, backlog reads leave it out.
     assert heard.recorded == [11] and group.acked == {(42, 11): float("inf")}
     client = asyncio.ensure_future(group.ack(AckRequest(42, 12, 1, False)))
     with pytest.raises(ServiceError):
-        await asyncio.wait_for(client, 5)
+        await asyncio.wait_for(client, scaled(5))
     await asyncio.sleep(0.3)  # a few failed retries
     assert store.acks == [] and group.queued == (0, 1)
     store.fail_acks = False

@@ -10,6 +10,7 @@ import pytest
 from broker.delivery import Dispatcher, commit, wakeups
 from broker.delivery import dispatcher as delivery
 from broker.services.publish import Published
+from tests.support.timing import scaled
 
 
 class Probe:
@@ -58,7 +59,7 @@ async def test_a_dispatcher_that_cannot_join_at_first_keeps_trying(layer, monkey
     try:
         await a.joined()  # gives up waiting after 0.1 s: the retry comes after 1 s
         assert not a.wakeups._joined.done()
-        await asyncio.wait_for(asyncio.shield(a.wakeups._joined), 3)
+        await asyncio.wait_for(asyncio.shield(a.wakeups._joined), scaled(3))
         other = Dispatcher()  # another process commits a message for account 42
         try:
             other.wake([Published(9, 7, "/t", 3, [42])])
@@ -162,7 +163,7 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
         assert store.batches == [[1], [2, 3, 4]]
         # A pause of 30 s runs now; a backlog read does not wait it out.
         await acked(5)
-        await asyncio.wait_for(a.caught_up(), 10)
+        await asyncio.wait_for(a.caught_up(), scaled(10))
         assert store.batches == [[1], [2, 3, 4], [5]]
         # Another pause of 30 s: MAX_BATCH queued ACKs end it.
         monkeypatch.setattr(commit, "MAX_BATCH", 3)
@@ -179,7 +180,7 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
 
 async def eventually(condition, timeout: float = 5.0) -> bool:
     """Wait until ``condition()`` holds (at most ``timeout`` seconds); its last value."""
-    for _ in range(int(timeout / 0.01)):
+    for _ in range(int(scaled(timeout) / 0.01)):
         if condition():
             return True
         await asyncio.sleep(0.01)
@@ -253,10 +254,10 @@ async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_ack
     try:
         read = asyncio.ensure_future(a.backlog([42]))
         await asyncio.sleep(0.01)  # its query has begun
-        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False)), 5)
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False)), scaled(5))
         assert store.batches == [[9]]
         query_may_answer.set()
-        rows, _ = await asyncio.wait_for(read, 5)
+        rows, _ = await asyncio.wait_for(read, scaled(5))
         assert rows == [(42, 1, 10)]
         # A later read: its query sees the commit (here: the store no longer has 9).
 
@@ -265,8 +266,8 @@ async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_ack
 
         monkeypatch.setattr(store, "ack_batch", failing)
         with pytest.raises(ServiceError):
-            await asyncio.wait_for(a.ack(AckRequest(42, 10, 1, False)), 5)
-        rows, _ = await asyncio.wait_for(a.backlog([42]), 5)
+            await asyncio.wait_for(a.ack(AckRequest(42, 10, 1, False)), scaled(5))
+        rows, _ = await asyncio.wait_for(a.backlog([42]), scaled(5))
         assert (42, 1, 10) in rows  # not recorded: offered again
     finally:
         a.close()
@@ -297,11 +298,11 @@ async def test_an_ack_through_the_dispatcher_is_committed_once_for_its_account(l
     a.register(acking)
     a.register(other)
     try:
-        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), acking), 5)
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), acking), scaled(5))
         assert store.batches == [[9]]
         assert other.forgotten == [(9, False)] and acking.forgotten == []
         assert (42, 9) in a._recent_acks
-        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), other), 5)
+        await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False), other), scaled(5))
         assert store.batches == [[9]]  # recorded already for the account
     finally:
         a.close()

@@ -14,6 +14,7 @@ import pytest
 import broker.consumers.base as door_base
 import broker.delivery.session as session_module
 from broker.consumers.smqp import SMQPConsumer
+from tests.support.timing import scaled
 from tests.unit.delivery.test_subscriber_session import GUID, FakeDispatcher
 
 CONNECT = {"type": "smqp.connect"}
@@ -58,7 +59,7 @@ async def serve(consumer: SMQPConsumer, then) -> tuple[FakeDispatcher, asyncio.T
     consumer.scope = {"type": "smqp", "client": ["127.0.0.1", 4000]}
     task = asyncio.ensure_future(consumer({"type": "smqp", "client": ["127.0.0.1", 4000]},
                                           receive, send))
-    await asyncio.wait_for(logged_in.wait(), 5)
+    await asyncio.wait_for(logged_in.wait(), scaled(5))
     return dispatcher, task
 
 
@@ -77,7 +78,7 @@ async def test_an_exception_in_the_loop_ends_the_session(ended):
 
     dispatcher, task = await serve(consumer, fail)
     with pytest.raises(RuntimeError):
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, scaled(5))
     assert_ended(consumer, dispatcher, ended)
 
 
@@ -106,5 +107,5 @@ async def test_the_disconnect_and_the_loop_s_end_end_it_once(ended):
         return {"type": "smqp.disconnect"}
 
     dispatcher, task = await serve(consumer, disconnect)
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, scaled(5))
     assert_ended(consumer, dispatcher, ended)

@@ -19,6 +19,7 @@ from broker.consumers.smqp_notify_port import NotifyPort
 from broker.domain.errors import Refusal
 from broker.services import conflict, refuse
 from broker.smqp import commands as c
+from tests.support.timing import scaled
 
 NOTHING_WAITS = b"400 Bad request (no message is waiting for 310 ACK)\r\n"
 LOCK_LOST = conflict("lock not held")
@@ -104,7 +105,7 @@ async def test_a_310_ack_is_answered_alike_on_the_session_and_on_its_notify_port
                       closing=lambda: False)
     reader.feed_data(b"310 ack\r\n")  # read as the session reads it: any case
     reader.feed_eof()
-    await asyncio.wait_for(port._task, 5)
+    await asyncio.wait_for(port._task, scaled(5))
     assert writer.data == answer
     assert kicked == ([1] if next_goes else [])
     assert gone == [port] and writer.closed  # the client's end closed it: gone
@@ -121,7 +122,7 @@ async def test_an_ack_naming_its_message_is_passed_on_from_both_connections(cons
                       gone=lambda p: None, closing=lambda: False)
     reader.feed_data(b"310 ACK 43\r\n310 ACK x\r\n")
     reader.feed_eof()
-    await asyncio.wait_for(port._task, 5)
+    await asyncio.wait_for(port._task, scaled(5))
     assert consumer.acked_smuids == [42, 43]
     assert writer.data.startswith(b"310 ACK\r\n400 ")
 
@@ -133,6 +134,6 @@ async def test_the_notify_port_reads_nothing_but_310_ack(consumer):
                       gone=lambda p: None, closing=lambda: False)
     reader.feed_data(b"NOOP\r\n\r\n310 ACK\r\n")
     reader.feed_eof()
-    await asyncio.wait_for(port._task, 5)
+    await asyncio.wait_for(port._task, scaled(5))
     assert writer.data == (b"400 Bad request (only 310 ACK is read on this connection)\r\n"
                            b"310 ACK\r\n")

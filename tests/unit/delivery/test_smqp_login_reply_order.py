@@ -17,6 +17,7 @@ import broker.consumers.smqp as smqp_consumer
 from broker.consumers.smqp import SMQPConsumer
 from broker.services import auth as auth_service
 from broker.services.read import DeliveryPolicy
+from tests.support.timing import scaled
 from tests.unit.delivery.test_smqp_session_delivery import ACCOUNT, payload, stop
 
 GUID = b"alice0001"
@@ -104,7 +105,7 @@ async def test_a_wake_up_during_login_waits_for_the_whole_login_reply(consumer):
     session, dispatcher = consumer
     login = asyncio.ensure_future(session.smqp_receive(
         {"type": "smqp.receive", "bytes": b"PASS alice secret\r\n"}))
-    await asyncio.wait_for(dispatcher.waiting.wait(), 5)
+    await asyncio.wait_for(dispatcher.waiting.wait(), scaled(5))
     assert dispatcher.registered == [session]
     # The wake-up of a publish committed now (as Dispatcher.offer does it).
     if session.mailbox.offer(1, 7, live=True):
@@ -112,7 +113,7 @@ async def test_a_wake_up_during_login_waits_for_the_whole_login_reply(consumer):
     for _ in range(20):  # the pump gets every chance to write before the login goes on
         await asyncio.sleep(0)
     dispatcher.gate.set()
-    await asyncio.wait_for(login, 5)
+    await asyncio.wait_for(login, scaled(5))
     for _ in range(20):
         await asyncio.sleep(0)
     assert_reply_before_notify(b"".join(session.written))
@@ -129,7 +130,7 @@ async def test_a_backlog_offered_at_login_follows_the_login_reply(consumer):
     dispatcher.backlog = backlog
     dispatcher.gate.set()
     await asyncio.wait_for(session.smqp_receive(
-        {"type": "smqp.receive", "bytes": b"PASS alice secret\r\n"}), 5)
+        {"type": "smqp.receive", "bytes": b"PASS alice secret\r\n"}), scaled(5))
     for _ in range(20):
         await asyncio.sleep(0)
     assert_reply_before_notify(b"".join(session.written))

@@ -15,6 +15,7 @@ from broker.services.ack import AckRequest
 from broker.services.read import DeliveryPolicy
 from broker.smqp import commands as c
 from broker.smqp.message import DataSection, Message
+from tests.support.timing import scaled
 
 ACCOUNT = 42
 TOPIC = "/t"
@@ -116,7 +117,7 @@ async def test_a_message_offered_again_while_it_is_prepared_goes_once(session):
     dispatcher = session.dispatcher
     dispatcher.gate.clear()
     offer(session, 1, 9)  # its wake-up
-    await asyncio.wait_for(dispatcher.checking.wait(), 5)
+    await asyncio.wait_for(dispatcher.checking.wait(), scaled(5))
     offer(session, 1, 9)  # the sweep's backlog read, which saw it committed
     dispatcher.gate.set()
     await settle()
@@ -140,7 +141,7 @@ async def test_another_session_s_ack_skips_what_waits_not_what_is_on_its_way(ses
     offer(session, 1, 9)
     offer(session, 1, 10)
     offer(session, 1, 11)
-    await asyncio.wait_for(dispatcher.checking.wait(), 5)
+    await asyncio.wait_for(dispatcher.checking.wait(), scaled(5))
     session.mailbox.forget(9)  # on its way
     session.mailbox.forget(10)  # waiting
     dispatcher.gate.set()

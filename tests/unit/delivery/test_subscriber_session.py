@@ -14,6 +14,7 @@ import broker.delivery.session as session_module
 from broker.delivery.session import Held, SubscriberSession
 from broker.services import ServiceError, conflict
 from broker.services.read import DeliveryPolicy
+from tests.support.timing import scaled
 from tests.unit.delivery.test_smqp_session_delivery import ACCOUNT, TOPIC, payload
 
 GUID = "guid-1"
@@ -199,7 +200,7 @@ async def test_without_ack_it_goes_again_at_its_deadline_then_is_given_up(ended)
     twice, then recorded dead, and the next message goes (and so on)."""
     session, dispatcher, door = make(DeliveryPolicy(0, 1, queue=False))
     offer(session, 7, 8)
-    await asyncio.wait_for(_until(lambda: len(dispatcher.of("dead")) == 2), 5)
+    await asyncio.wait_for(_until(lambda: len(dispatcher.of("dead")) == 2), scaled(5))
     assert dispatcher.of("dead") == [("dead", 7), ("dead", 8)]
     assert door.writes() == [7, 7, 8, 8]
     assert dispatcher.of("ack") == []  # never ACKed without its holder's ACK
@@ -398,7 +399,7 @@ async def test_an_expired_lock_is_released_and_the_door_told(ended):
     session, dispatcher, door = make(DeliveryPolicy(0, 3, queue=True), acks_on_write=True,
                                      credit=4)
     offer(session, 1)
-    await asyncio.wait_for(_until(lambda: door.expired), 5)
+    await asyncio.wait_for(_until(lambda: door.expired), scaled(5))
     assert door.expired == [Held(TOPIC, "1")]
     assert dispatcher.of("release") == [("release", (1,))]
     assert session.held == {} and not session.mailbox.holds(1)
@@ -460,7 +461,7 @@ async def test_a_write_that_outlasts_the_door_s_flush_is_acked_itself(ended):
     door.write_message = slow_write
     session.defer_acks()
     offer(session, 1)
-    await asyncio.wait_for(writing.wait(), 5)
+    await asyncio.wait_for(writing.wait(), scaled(5))
     await session.flush_acks(written=True)  # the door's flush ends meanwhile
     finish.set()
     await settle()
@@ -525,9 +526,9 @@ async def test_each_message_of_the_window_is_retried_on_its_own_timer(ended):
     session, dispatcher, door = make(DeliveryPolicy(0, 1, queue=False))
     session.set_window(2)
     offer(session, 7, 8)
-    await asyncio.wait_for(_until(lambda: door.writes()[:2] == [7, 8]), 5)
+    await asyncio.wait_for(_until(lambda: door.writes()[:2] == [7, 8]), scaled(5))
     assert await session.ack_inflight(7)
-    await asyncio.wait_for(_until(lambda: dispatcher.of("dead")), 5)
+    await asyncio.wait_for(_until(lambda: dispatcher.of("dead")), scaled(5))
     assert dispatcher.of("dead") == [("dead", 8)]
     assert door.writes().count(8) == 2 and door.writes().count(7) == 1
     assert dispatcher.of("ack") == [("ack", 7)]

@@ -7,6 +7,7 @@ import asyncio
 
 from broker.delivery import sweeps
 from broker.delivery.sweeps import Sweeps
+from tests.support.timing import scaled
 
 
 class Quiet:
@@ -42,7 +43,7 @@ async def test_the_backlog_sweep_offers_the_store_s_rows_to_idle_sessions_only(s
 
     sweep = Sweeps(sessions, backlog, first_sweep=0)
     try:
-        await asyncio.wait_for(answered.wait(), 5)
+        await asyncio.wait_for(answered.wait(), scaled(5))
         await asyncio.sleep(0)
         assert asked == [[42, 43]]  # one query for every account with an idle session
         assert idle.offered == [(3, 9), (1, 10)] and idle.kicked == 2
@@ -68,7 +69,7 @@ async def test_a_failed_backlog_sweep_is_tried_again_next_period(settings):
 
     sweep = Sweeps({42: {session}}, backlog, first_sweep=0)
     try:
-        await asyncio.wait_for(offered.wait(), 5)
+        await asyncio.wait_for(offered.wait(), scaled(5))
         await asyncio.sleep(0)
         assert calls >= 2 and (3, 9) in session.offered
     finally:
@@ -91,7 +92,7 @@ async def test_the_subscription_sweep_ends_subscriptions_and_survives_a_failure(
     monkeypatch.setattr(sweeps.dbthread, "run", run)
     sweep = Sweeps({}, None, first_sweep=0)  # no backlog sweep: it is switched off
     try:
-        await asyncio.wait_for(twice.wait(), 5)
+        await asyncio.wait_for(twice.wait(), scaled(5))
         assert ran[:2] == ["end_subscriptions", "end_subscriptions"]
     finally:
         sweep.close()

@@ -12,6 +12,7 @@ from broker.delivery import wakeups
 from broker.delivery.wakeups import WakeUps
 from broker.services.notify import DISPATCH_GROUP
 from broker.services.publish import Published
+from tests.support.timing import scaled
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ class Heard:
 
 
 async def eventually(condition, timeout: float = 5.0) -> bool:
-    for _ in range(int(timeout / 0.01)):
+    for _ in range(int(scaled(timeout) / 0.01)):
         if condition():
             return True
         await asyncio.sleep(0.01)

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 
 from accounts.models import Account
 from tests.support.factories import make_account
+from tests.support.timing import scaled
 from topics.models import Topic
 from ual import check, resolution
 from ual.models import UALEntry
@@ -287,8 +288,8 @@ def test_threads_share_the_cache_safely():
     for w in workers:
         w.start()
     for w in workers:
-        w.join(timeout=60)
+        w.join(timeout=scaled(60))
     stop.set()
-    spoiler.join(timeout=10)
+    spoiler.join(timeout=scaled(10))
     assert not errors, errors
     assert all(not w.is_alive() for w in workers)
