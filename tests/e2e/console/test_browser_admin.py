@@ -125,6 +125,7 @@ def wait_for(browser, css: str, timeout: float = 10.0):
 
 def choose_autocomplete(browser, field: str, typed: str, wanted: str) -> None:
     """Pick ``wanted`` in the admin's select2 autocomplete widget for ``field``."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -133,12 +134,16 @@ def choose_autocomplete(browser, field: str, typed: str, wanted: str) -> None:
     search.send_keys(typed)
 
     def option(driver):
+        # select2 redraws the list when each search answer arrives (one per key typed): an
+        # option found in one drawing may be gone when it is read or clicked; look again.
         for item in driver.find_elements(By.CSS_SELECTOR, ".select2-results__option"):
             if item.text.strip() == wanted:
-                return item
+                item.click()
+                return True
         return False
 
-    WebDriverWait(browser, scaled(10)).until(option).click()
+    WebDriverWait(browser, scaled(10),
+                  ignored_exceptions=[StaleElementReferenceException]).until(option)
     chosen = browser.find_element(By.CSS_SELECTOR, f".field-{field} .select2-selection__rendered")
     assert wanted in chosen.text
 
