@@ -354,7 +354,8 @@ def test_a_revoke_reaches_the_server_within_a_second(matrix):
         revoked = time.monotonic()
         while (reply := command(c, f"SUBSCRIBE MESSAGE {cell.topic}")) == 200:
             command(c, f"UNSUBSCRIBE MESSAGE {cell.topic}")
-            assert time.monotonic() - revoked < 1.0, "still allowed a second after the revoke"
+            assert time.monotonic() - revoked < scaled(1.0), \
+                "still allowed a second after the revoke"
             time.sleep(0.02)
         # The counter entry (deny to everyone at depth 1) decides now.
         assert reply == 401
