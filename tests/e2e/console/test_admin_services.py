@@ -30,7 +30,7 @@ from tests.conftest import (
     run_manage,
 )
 from tests.support.smqp_session import Session, smuid_of
-from tests.support.timing import wait_until
+from tests.support.timing import scaled, wait_until  # noqa: F401 (scaled: budgets here may scale)
 
 pytestmark = pytest.mark.e2e
 
