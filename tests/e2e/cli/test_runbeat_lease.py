@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import ROOT, fresh_database, stop_process
 from tests.support.federation_net import wait_for
 from tests.support.processes import children, cmdline
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -69,7 +70,11 @@ def test_one_beat_in_the_cluster_taken_over_when_its_node_dies(tmp_path):
                 [sys.executable, str(ROOT / "manage.py"), "runbeat", "--schedule",
                  str(tmp_path / "schedule-n3")], env={**env, "SMQP_NODE_NAME": "n3"}, cwd=ROOT,
                 stdout=(tmp_path / "beat-n3.log").open("w"), stderr=subprocess.STDOUT)
-            time.sleep(TTL)
+            # A quiet window once the new keeper is up (it tries the lease right after saying
+            # so, then every TTL / 3): it must not take the lease the other node holds.
+            wait_for(lambda: "Beat lease keeper" in (tmp_path / "beat-n3.log").read_text(), 120,
+                     "the new node's keeper to start")
+            time.sleep(scaled(TTL))
             assert running(keepers) == [other]
             stop_process(keepers[other])
             wait_for(lambda: running(keepers) == [holder], 60, "the new node to take over")

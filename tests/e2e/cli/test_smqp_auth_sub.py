@@ -5,16 +5,17 @@ a subprocess against a real listener."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 
 from tests.conftest import ROOT, manage_many
 from tests.e2e.cli.test_smqp import broker, cli_env, smqp  # noqa: F401 (the fixture)
 from tests.support.smqp_session import Session, smuid_of
-from tests.support.timing import scaled
+from tests.support.timing import scaled, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +75,7 @@ def test_sub_warns_about_messages_of_other_subscriptions(broker):  # noqa: F811
         assert root.command("CREATE TOPIC /other").code == 200
     manage_many(broker.env, ("grant", "alice", "/other", "publish"),
                 ("grant", "bob", "/other", "subscribe"))
-    time.sleep(1.2)  # the listener's UAL cache
+    # No wait for the listener's UAL cache: bob's login reads the generation the grants bumped.
     with Session(broker.host, broker.port, "bob") as bob:
         assert bob.command("SUB MESSAGE /other").code == 200
     with Session(broker.host, broker.port, "alice") as alice:
@@ -94,10 +95,28 @@ def test_the_shell_never_runs_a_body_into_a_reply(broker, tmp_path):  # noqa: F8
         [sys.executable, "-m", "broker.cli", "shell"], env=cli_env(broker, "bob", tmp_path),
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
+    # Its output is read as it comes (the shell flushes each block), so that the test waits
+    # for what it prints rather than for fixed times.
+    printed: dict[str, list[str]] = {"out": [], "err": []}
+
+    def read(stream, into: list[str]) -> None:
+        for line in iter(stream.readline, ""):
+            into.append(line)
+
+    readers = [threading.Thread(target=read, args=(shell.stdout, printed["out"]), daemon=True),
+               threading.Thread(target=read, args=(shell.stderr, printed["err"]), daemon=True)]
+    for reader in readers:
+        reader.start()
+
+    def shown_so_far() -> str:
+        return "".join(printed["out"])
+
     try:
         shell.stdin.write("SUBSCRIBE MESSAGE /news\n")
         shell.stdin.flush()
-        time.sleep(1)
+        # The subscription is made once the shell prints its reply (the only command so far).
+        wait_until(lambda: re.search(r"(^|> )200 ", shown_so_far(), re.M), 30,
+                   message="the shell's SUBSCRIBE reply")
         with Session(broker.host, broker.port, "alice") as alice:
             for i in range(40):
                 alice.send_publish("/news", f"c{i}", sections=[
@@ -106,8 +125,15 @@ def test_the_shell_never_runs_a_body_into_a_reply(broker, tmp_path):  # noqa: F8
                 shell.stdin.flush()
             for _ in range(40):
                 assert alice.reply().code == 200
-        time.sleep(2)
-        out, err = shell.communicate("QUIT\n", timeout=scaled(60))
+        # QUIT once every message has been shown (a QUIT before would drop the rest).
+        wait_until(lambda: shown_so_far().count("(should arrive)") >= 40, 30,
+                   message="40 messages shown by the shell")
+        shell.stdin.write("QUIT\n")
+        shell.stdin.close()
+        shell.wait(timeout=scaled(60))
+        for reader in readers:
+            reader.join(scaled(30))
+        out, err = shown_so_far(), "".join(printed["err"])
     finally:
         shell.kill()
     assert shell.returncode == 0, err

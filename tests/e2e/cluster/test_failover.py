@@ -75,7 +75,9 @@ def load(cluster, publishers: int = 4, drain_timeout: float = 240, *,
         confirmed = sum(len(v) for p in pubs for v in p.confirmed.values())
         drained = wait_drained(cluster.database_url, pubs, queue + xqueue, fan + xfan,
                                drain_timeout)
-        time.sleep(RETRY + 1)  # past the retry timeout: a message delivered again shows now
+        # A quiet window after the drain: past the retry timeout, a message delivered again
+        # shows now.
+        time.sleep(scaled(RETRY + 1))
         assert_exactly_once(queue, fan)
         same_stream, later_stream = assert_xmpp_exactly_once(queue, xqueue, xfan)
         print(f"\n[cluster] {confirmed} confirmed publishes ({sum(p.attempts for p in pubs)} "
@@ -231,7 +233,7 @@ def test_kill_a_broker_node_under_load(cluster):
             note(f"the killed node's locked items consumed by live sessions (lock timeout "
                  f"{LOCKS_RETRY} s, lock sweep every 5 s), since the kill",
                  time.monotonic() - killed)
-            time.sleep(2)  # an item sent again would show now
+            time.sleep(scaled(2))  # an item sent again would show now (a quiet window)
             consumed_by = {m: consumers_of(m) for m in items}
             assert all(len(who) == 1 for who in consumed_by.values()), consumed_by
             final = locks_in_store(cluster.database_url, items)

@@ -57,7 +57,10 @@ def test_a_waiting_pull_is_woken_by_a_rest_publish(stack):
         sub = subscribe(bob, "/w/rest")
         assert pull(bob, sub) == []  # nothing yet
         waiting = pool.submit(timed_pull, bob, sub)
-        time.sleep(1)  # (not an assertion: lets the pull start waiting first)
+        # (Not an assertion: lets the pull start waiting first. Nothing tells a client that
+        # a pull is waiting; scaled, so that a loaded machine still tests the wake-up.)
+        time.sleep(scaled(1))
+        assert not waiting.done()  # a pull with nothing to give waits
         smuid = publish(root, "w/rest", "wake up")
         got, took = waiting.result(timeout=scaled(WAIT * 3))
         assert [m["smuid"] for m in got] == [smuid]
@@ -69,7 +72,8 @@ def test_a_waiting_pull_is_woken_by_an_smqp_publish_in_another_process(stack):
     with stack.client("bob") as bob, stack.session() as root, ThreadPoolExecutor(1) as pool:
         sub = subscribe(bob, "/w/smqp")
         waiting = pool.submit(timed_pull, bob, sub)
-        time.sleep(1)
+        time.sleep(scaled(1))  # (not an assertion: as above)
+        assert not waiting.done()
         reply = root.publish("/w/smqp", "over-smqp")
         assert reply.code == 200
         got, took = waiting.result(timeout=scaled(WAIT * 3))

@@ -115,7 +115,7 @@ def test_four_workers_with_queue_requests_16_consume_every_item_once(xmpp):
     while sum(len(w.consumed) for w in workers) < ITEMS and time.monotonic() < deadline:
         assert all(w.failure is None for w in workers), [w.failure for w in workers]
         time.sleep(0.2)
-    time.sleep(1.0)  # anything sent twice would show up now
+    time.sleep(scaled(1.0))  # anything sent twice would show up now (a quiet window)
     done.set()
     for w in workers:
         w.join(scaled(10))

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from tests.conftest import fresh_database, run_manage
+from tests.support.timing import scaled
 
 # Shared by the scripts below: an INSERT of a usage event of a given kind, and a count.
 PRELUDE = r"""
@@ -378,7 +379,7 @@ s.start()
 assert subscribing.wait(20)
 p = threading.Thread(target=publish)
 p.start()
-time.sleep(0.5)
+time.sleep(WINDOW)  # a quiet window: the publish must not get through meanwhile
 out["published_before_the_sub_committed"] = published.is_set()
 may_commit.set()
 s.join(20)
@@ -397,7 +398,7 @@ def test_a_publish_and_a_subscription_made_at_once_never_miss_each_other(databas
     delivers to the new subscriber. Without the locks, on PostgreSQL (READ COMMITTED), the
     publish read the subscriptions before the SUB committed and the SUB read the messages
     before the publish committed: the message reached neither."""
-    script = f"ACTION = {action!r}\n" + RACE_SCRIPT
+    script = f"ACTION = {action!r}\nWINDOW = {scaled(0.5)!r}\n" + RACE_SCRIPT
     out = shell_result(database, script)
     assert out["published_before_the_sub_committed"] is False
     assert out["accounts"] == [out["bob"]]

@@ -15,7 +15,7 @@ from broker.services.ack import AckRequest
 from broker.services.publish import Published, PublishRequest
 from broker.smqp.message import DataSection, Message
 from broker.store import opsmetrics
-from tests.support.timing import scaled
+from tests.support.timing import async_wait_until, scaled
 
 
 class Store:
@@ -28,6 +28,7 @@ class Store:
         self.ack_may_commit = asyncio.Event()
         self.ack_may_commit.set()
         self.fail_acks = False
+        self.failed = 0  # ack batches refused while fail_acks
 
     async def publish_batch(self, requests: list[PublishRequest]) -> list:
         results: list = []
@@ -43,6 +44,7 @@ class Store:
     async def ack_batch(self, requests: list[AckRequest]) -> list:
         await self.ack_may_commit.wait()
         if self.fail_acks:
+            self.failed += 1
             raise RuntimeError("database down")
         self.acks.append([r.smuid for r in requests])
         return [Published(900, 7, "/receipts", 1, [41])]
@@ -107,7 +109,7 @@ async def test_without_a_journal_an_ack_is_recorded_once_its_batch_committed(com
     store = group.storage
     store.ack_may_commit.clear()
     acked = asyncio.ensure_future(group.ack(AckRequest(42, 9, 1, False)))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(scaled(0.01))  # a quiet window: the batch waits for its COMMIT
     assert not acked.done() and heard.recorded == []  # not before its COMMIT
     assert group.acked == {(42, 9): float("inf")}  # left out of backlog reads meanwhile
     store.ack_may_commit.set()
@@ -158,7 +160,12 @@ async def test_without_a_journal_a_written_ack_goes_again_until_it_commits(commi
     client = asyncio.ensure_future(group.ack(AckRequest(42, 12, 1, False)))
     with pytest.raises(ServiceError):
         await asyncio.wait_for(client, scaled(5))
-    await asyncio.sleep(0.3)  # a few failed retries
+    retried = store.failed + 3  # a few failed retries of 11 (awaited, not slept for)
+
+    async def retried_enough() -> bool:
+        return store.failed >= retried
+
+    await async_wait_until(retried_enough, 5, message="three failed retries")
     assert store.acks == [] and group.queued == (0, 1)
     store.fail_acks = False
     for _ in range(100):

@@ -4,6 +4,7 @@ layer stand for two processes; the real two-process case is in e2e/smqp/test_dur
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -63,7 +64,7 @@ async def test_a_dispatcher_that_cannot_join_at_first_keeps_trying(layer, monkey
         other = Dispatcher()  # another process commits a message for account 42
         try:
             other.wake([Published(9, 7, "/t", 3, [42])])
-            await asyncio.sleep(0.1)
+            assert await eventually(lambda: probe.offered)  # the wake-up has come
         finally:
             other.close()
         assert probe.offered == [(3, 9)]
@@ -79,7 +80,7 @@ async def test_a_worker_s_wake_up_is_offered(layer):
         await a.joined()
         await layer.group_send(wakeups.DISPATCH_GROUP, {
             "type": "dispatch.wake", "origin": "", "items": [[3, 9, [42]]]})
-        await asyncio.sleep(0.05)
+        assert await eventually(lambda: probe.offered)
         assert probe.offered == [(3, 9)]
     finally:
         a.close()
@@ -168,7 +169,7 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
         # Another pause of 30 s: MAX_BATCH queued ACKs end it.
         monkeypatch.setattr(commit, "MAX_BATCH", 3)
         await acked(6, 7)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(scaled(0.1))  # a quiet window: the 30-s pause is running
         assert len(store.batches) == 3
         await acked(8)
         await until(4)
@@ -179,8 +180,10 @@ async def test_journaled_acks_reach_the_store_in_gathered_batches(layer, setting
 
 
 async def eventually(condition, timeout: float = 5.0) -> bool:
-    """Wait until ``condition()`` holds (at most ``timeout`` seconds); its last value."""
-    for _ in range(int(scaled(timeout) / 0.01)):
+    """Wait until ``condition()`` holds (at most ``scaled(timeout)`` seconds); its last
+    value."""
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
         if condition():
             return True
         await asyncio.sleep(0.01)
@@ -208,7 +211,8 @@ async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, mo
     try:
         await a.joined()
         a.wake([Published(9, 7, "/t", 3, [42])])
-        await asyncio.sleep(0.1)
+        assert await eventually(lambda: mine.offered)
+        await asyncio.sleep(scaled(0.1))  # a quiet window: no wake-up goes out
         assert mine.offered == [(3, 9)] and sent == []  # offered here, told nobody
         b, theirs = Dispatcher(), Probe()
         b.register(theirs)
@@ -225,7 +229,8 @@ async def test_wake_ups_go_to_other_processes_only_while_there_are_any(layer, mo
         assert await eventually(lambda: not a.wakeups._has_peers())
         sent.clear()
         a.wake([Published(12, 7, "/t", 3, [42])])
-        await asyncio.sleep(0.1)
+        assert await eventually(lambda: (3, 12) in mine.offered)
+        await asyncio.sleep(scaled(0.1))  # a quiet window: no wake-up goes out
         assert (3, 12) in mine.offered and sent == []
     finally:
         a.close()
@@ -245,15 +250,17 @@ async def test_without_a_journal_a_backlog_read_does_not_bring_back_what_was_ack
     store = a.commits.storage = AckStore()
     assert a.commits.journal is None
     query_may_answer = asyncio.Event()
+    query_began = asyncio.Event()
 
     async def stored_rows(fn, account_ids):  # stands for backlog_for on the database thread
+        query_began.set()
         await query_may_answer.wait()
         return [(42, 1, 9), (42, 1, 10)]
 
     monkeypatch.setattr(commit.dbthread, "run", stored_rows)
     try:
         read = asyncio.ensure_future(a.backlog([42]))
-        await asyncio.sleep(0.01)  # its query has begun
+        await asyncio.wait_for(query_began.wait(), scaled(5))  # its query has begun
         await asyncio.wait_for(a.ack(AckRequest(42, 9, 1, False)), scaled(5))
         assert store.batches == [[9]]
         query_may_answer.set()

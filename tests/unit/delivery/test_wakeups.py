@@ -5,6 +5,7 @@ group together: test_dispatch_group."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -38,7 +39,8 @@ class Heard:
 
 
 async def eventually(condition, timeout: float = 5.0) -> bool:
-    for _ in range(int(scaled(timeout) / 0.01)):
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
         if condition():
             return True
         await asyncio.sleep(0.01)
@@ -85,7 +87,8 @@ async def test_a_commit_is_offered_here_and_told_to_the_group_only_with_peers(la
         assert [m["type"] for m in sent] == ["dispatch.hello"]  # it said hello on joining
         group.wake([])  # nothing committed: nothing done
         group.wake([Published(9, 7, "/t", 3, [42])])
-        await asyncio.sleep(0.05)
+        assert await eventually(lambda: heard.offered)
+        await asyncio.sleep(scaled(0.05))  # a quiet window: nothing goes to the group
         assert heard.offered == [(3, 9, [42])]
         assert [m["type"] for m in sent] == ["dispatch.hello"]  # alone: told nobody
         # Another process says hello: it is answered at once, and hears of commits.

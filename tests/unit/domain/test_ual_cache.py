@@ -146,9 +146,11 @@ def test_a_revoke_elsewhere_takes_effect_within_one_second():
     cache.incr(resolution.GENERATION_KEY)
     revoked_at = time.monotonic()
     while check(bob, t, "subscribe"):
-        assert time.monotonic() - revoked_at < 1.0, "still allowed a second after the revoke"
+        assert time.monotonic() - revoked_at < scaled(1.0), \
+            "still allowed a second after the revoke"
         time.sleep(0.01)
-    assert time.monotonic() - revoked_at <= resolution.GENERATION_POLL_SECONDS + 0.2
+    # (The poll interval is the process's own; the margin over it scales with a busy machine.)
+    assert time.monotonic() - revoked_at <= resolution.GENERATION_POLL_SECONDS + scaled(0.2)
 
 
 def test_the_generation_is_read_at_most_every_half_second(clock, monkeypatch):
