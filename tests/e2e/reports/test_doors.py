@@ -5,14 +5,14 @@ subscriber's delivery makes, on each database."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
 
+from tests.conftest import query_database
 from tests.support.api_stack import api_stack
 from tests.support.smqp_session import smuid_of
-from tests.support.timing import scaled
+from tests.support.timing import wait_until
 from tests.support.xmpp_session import SERVICE, XmppSession
 
 pytestmark = pytest.mark.e2e
@@ -27,12 +27,14 @@ for right in ('publish', 'subscribe'):
     UALEntry.objects.create(topic=ts.find('/doors'), principal_kind='everyone', right=right)
 tree.changed()
 """
-EVENTS = """
-import json
-from broker.models import UsageEvent
-print(json.dumps([[e.kind, e.account, e.smuid, e.detail]
-                  for e in UsageEvent.objects.order_by('pk') if e.kind in ('publish', 'ack')]))
-"""
+EVENTS = ("SELECT kind, account, smuid, detail FROM broker_usageevent "
+          "WHERE kind IN ('publish', 'ack') ORDER BY id")
+
+
+def events(env: dict[str, str]) -> list[list]:
+    """The publish and ACK usage events, oldest first: [kind, account, smuid, detail]."""
+    return [[kind, account, smuid, detail if isinstance(detail, dict) else json.loads(detail)]
+            for kind, account, smuid, detail in query_database(env, EVENTS)]
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -63,14 +65,12 @@ def test_publishes_and_acks_name_their_door(stack) -> None:
     with stack.session("bob") as bob:
         smqp_smuid = smuid_of(bob.publish("/doors", "s"))
     xmpp.close()
-    deadline = time.monotonic() + scaled(30)
-    while True:  # XMPP ACKs reach the database in the dispatcher's next ACK batch
-        rows = json.loads(stack.smqp.manage("shell", "--no-imports", "-c", EVENTS)
-                          .stdout.strip().splitlines()[-1])
-        acks = [r for r in rows if r[0] == "ack" and r[2] == rest_smuid]
-        if acks or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    # XMPP ACKs reach the database in the dispatcher's next ACK batch.
+    wait_until(lambda: any(r[0] == "ack" and r[2] == rest_smuid
+                           for r in events(stack.smqp.env)), 30, interval=0.2,
+               message="the REST message's ACK event")
+    rows = events(stack.smqp.env)
+    acks = [r for r in rows if r[0] == "ack" and r[2] == rest_smuid]
     doors = {(r[1], r[3].get("door")) for r in rows if r[0] == "publish"}
     assert doors == {("bob", "rest"), ("alice", "xmpp"), ("bob", "smqp")}, rows
     assert next(r for r in rows if r[0] == "publish" and r[2] == smqp_smuid)[3]["door"] \

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from tests.conftest import base_env, start_listener, stop_listener
+from tests.conftest import base_env, query_database, start_listener, stop_listener
 from tests.support.smqp_client import RawClient
-from tests.support.timing import scaled
+from tests.support.timing import scaled, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -274,18 +274,16 @@ def test_sessions_are_recorded(broker_server):
     with connect(broker_server) as c:
         guid = c.login("bob", "pw")[-1].decode().split(": ")[1].strip()
         c.command("QUIT")
-    code = (
-        "from accounts.models import LoginSession as S; "
-        f"s = S.objects.get(guid='{guid}'); "
-        "print(s.account.username, s.ended is not None, s.peer_address.startswith('127.0.0.1:'))"
-    )
-    deadline = time.monotonic() + scaled(10)
-    while True:
-        out = broker_server.manage("shell", "--no-imports", "-c", code).stdout.split()
-        if out == ["bob", "True", "True"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert out == ["bob", "True", "True"]
+    sql = """SELECT a.username, s.ended IS NOT NULL, s.peer_address
+             FROM accounts_loginsession s JOIN accounts_account a ON a.id = s.account_id
+             WHERE s.guid = %s"""
+
+    def recorded():
+        [(name, ended, peer)] = query_database(broker_server.env, sql, (guid,))
+        return (name, bool(ended), peer.startswith("127.0.0.1:"))
+
+    wait_until(lambda: recorded() == ("bob", True, True), 10, interval=0.1,
+               message="bob's session recorded as ended")
 
 
 def test_repeated_failures_are_refused(database_urls, tmp_path):

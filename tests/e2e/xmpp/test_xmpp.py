@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pytest
 import websocket
 
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, query_database
 from tests.support.smqp_session import Session as SmqpSession
 from tests.support.smqp_session import smuid_of
-from tests.support.timing import scaled
+from tests.support.timing import scaled, wait_until
 from tests.support.xmpp_session import (
     CLIENT,
     EVENT,
@@ -168,17 +168,15 @@ def test_wrong_password_fails_and_scram_logs_in(xmpp):
 def test_bind_is_a_login_session_that_ends_with_the_stream(xmpp):
     broker, url = xmpp
     s = session(url, "jtegen", resource="admin-view")
-    script = ("from accounts.models import LoginSession as L\n"
-              "print(L.objects.filter(account__username='jtegen', ended__isnull=True,"
-              " auth_method__startswith='xmpp:').count())")
-    assert broker.manage("shell", "--no-imports", "-c", script).stdout.strip() == "1"
+    live = """SELECT COUNT(*) FROM accounts_loginsession s
+              JOIN accounts_account a ON a.id = s.account_id
+              WHERE a.username = 'jtegen' AND s.ended IS NULL AND s.auth_method LIKE 'xmpp:%%'"""
+    assert query_database(broker.env, live) == [(1,)]
     s.send(f"<close xmlns='{FRAMING}'/>")
     assert s.expect(lambda e: e.tag == tag(FRAMING, "close")) is not None
     assert s.closed()
-    deadline = time.monotonic() + scaled(30)
-    while broker.manage("shell", "--no-imports", "-c", script).stdout.strip() != "0":
-        assert time.monotonic() < deadline
-        time.sleep(scaled(0.5))
+    wait_until(lambda: query_database(broker.env, live) == [(0,)], 30, interval=0.2,
+               message="the stream's login session ended")
 
 
 # ------------------------------------------------------------------ fan-out nodes
