@@ -139,36 +139,49 @@ def _inflight_key(peer_host: str, username: str) -> str:
     return f"login-inflight:{peer_host}:{username.casefold()}"
 
 
-def _uncount(key: str) -> None:
-    """Take one off ``key`` (never below 0); nothing if it expired."""
-    try:
-        if cache.decr(key) < 0:
-            cache.set(key, 0, settings.SMQP_LOGIN_LOCKOUT_SECONDS)
-    except ValueError:
-        pass
+# Take one off each key that exists, never below 0, keeping its expiry: in one round trip,
+# atomic against the other processes' counts (a DECR alone would bring an expired key back).
+_UNCOUNT = """
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 and redis.call('DECR', key) < 0 then
+    redis.call('SET', key, 0, 'KEEPTTL')
+  end
+end
+"""
 
 
-def _count(key: str) -> int:
-    """Add one to ``key`` atomically (a Redis INCR, shared by every process), keeping it for
-    the lockout period from this attempt on; its new value."""
+def _uncount(*keys: str) -> None:
+    """Take one off each of ``keys`` (never below 0); nothing for one that expired."""
+    client = cache._cache.get_client(write=True)
+    client.eval(_UNCOUNT, len(keys), *(cache.make_and_validate_key(key) for key in keys))
+
+
+def _count(*keys: str) -> list[int]:
+    """Add one to each of ``keys`` in one MULTI/EXEC (atomic against every other process's
+    counts, and one round trip), each kept for the lockout period from now on; their new
+    values. Django's cache API has no atomic increment of several keys: this uses its Redis
+    client and key names directly (the values are plain integers, as ``cache.incr`` keeps)."""
     timeout = settings.SMQP_LOGIN_LOCKOUT_SECONDS
-    if cache.add(key, 1, timeout):
-        return 1
-    try:
-        count = cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout)
-        return 1
-    cache.touch(key, timeout)
-    return count
+    pipe = cache._cache.get_client(write=True).pipeline(transaction=True)
+    for key in keys:
+        name = cache.make_and_validate_key(key)
+        pipe.incr(name)
+        pipe.expire(name, timeout)
+    return pipe.execute()[::2]
 
 
-def _throttle(pair_failures: int, account_failures: int) -> Throttle:
-    """How to treat an attempt preceded by these failure counts."""
+def _throttle(pair_failures: int, account_failures: int,
+              decided: int | None = None) -> Throttle:
+    """How to treat an attempt preceded by these failure counts. The refusal counts every
+    attempt no good login has cleared, those still being checked included, so parallel
+    guesses stay bounded; the delay counts only the failures already ``decided`` (default:
+    all of them), so a burst of good logins (workers reconnecting at once) is not slowed
+    down as guessing is."""
     if (pair_failures >= settings.SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT
             or account_failures >= settings.SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_LOCKOUT):
         return Throttle(refused=True, delay=0.0)
-    excess = pair_failures - settings.SMQP_LOGIN_FAILURES_BEFORE_DELAY
+    excess = (pair_failures if decided is None else decided) \
+        - settings.SMQP_LOGIN_FAILURES_BEFORE_DELAY
     if excess >= 0:
         return Throttle(refused=False, delay=min(0.5 * 2**excess, 8.0))
     return Throttle(refused=False, delay=0.0)
@@ -182,22 +195,22 @@ def count_attempt(peer_host: str, username: str) -> Throttle:
 
     Two counts: per (address, account), which slows down and then refuses one guesser; and
     per account from every address (a higher limit, ``SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_
-    LOCKOUT``), which bounds guessing spread over many addresses."""
+    LOCKOUT``), which bounds guessing spread over many addresses. The attempt joins its
+    pair's in-flight count in the same MULTI, so the pair's count less the in-flight one is
+    exactly the failures already decided, which alone set the delay."""
     pair_key, account_key = _pair_key(peer_host, username), _account_key(username)
-    pair = _count(pair_key)
-    account = _count(account_key)
-    throttle = _throttle(pair - 1, account - 1)
     inflight_key = _inflight_key(peer_host, username)
-    if throttle.refused:
-        if cache.get(inflight_key, 0) > 0:
-            # Attempts of this pair are being checked: a burst of good logins of one account
-            # (workers reconnecting) must not refuse itself. This one gives its count back
-            # and waits (admit_attempt); parallel guesses stay bounded by the limit.
-            _uncount(pair_key)
-            _uncount(account_key)
-            return Throttle(refused=True, delay=0.0, busy=True)
+    inflight, pair, account = _count(inflight_key, pair_key, account_key)
+    throttle = _throttle(pair - 1, account - 1, decided=max(pair - inflight, 0))
+    if not throttle.refused:
         return throttle
-    _count(inflight_key)
+    if inflight > 1:
+        # Attempts of this pair are being checked: a burst of good logins of one account
+        # (workers reconnecting) must not refuse itself. This one gives its counts back and
+        # waits (admit_attempt); parallel guesses stay bounded by the limit.
+        _uncount(inflight_key, pair_key, account_key)
+        return Throttle(refused=True, delay=0.0, busy=True)
+    _uncount(inflight_key)  # refused: it is checked no further
     return throttle
 
 
@@ -238,7 +251,7 @@ def token_throttle(peer_host: str) -> Throttle:
 
 
 def record_token_failure(peer_host: str, token_prefix: str) -> None:
-    failures = _count(_pair_key(peer_host, TOKEN_GUESSES))
+    [failures] = _count(_pair_key(peer_host, TOKEN_GUESSES))
     events.record("login_failed", account=f"token {token_prefix}"[:64], peer=peer_host,
                   failures=failures)
 
