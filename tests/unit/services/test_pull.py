@@ -234,3 +234,21 @@ def test_a_batch_nack_releases_each_lock_it_holds(queue):
     assert outcomes == [pull.Outcome.RELEASED, pull.Outcome.EXPIRED, pull.Outcome.UNKNOWN]
     [again] = pull.pull(snapshot_for(bob), sub.pk, 1)
     assert again.smuid == got[0].smuid and again.attempts == 2
+
+
+def test_the_sweep_forgets_old_results_in_batches_until_none_is_left(db, monkeypatch):
+    from functools import partial
+
+    from api import tasks
+    from api.models import IdempotencyKey
+
+    bob = make_account("bob")
+    for key in ("a", "b", "c", "d", "e", "new"):
+        IdempotencyKey.objects.create(account=bob, key=key, fingerprint="f", status=201,
+                                      response={})
+    IdempotencyKey.objects.exclude(key="new").update(
+        created=timezone.now() - timedelta(hours=25))
+    monkeypatch.setattr(tasks, "purge_idempotency_keys",
+                        partial(tasks.purge_idempotency_keys, limit=2))
+    assert tasks.purge_idempotency_keys_task() == 5
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["new"]
