@@ -262,6 +262,138 @@ def test_disco(xmpp):
     s.close()
 
 
+def test_disco_of_the_server_and_of_a_node(xmpp):
+    _, url = xmpp
+    owner, s = session(url, "alice"), session(url, "bob")
+    fanout, queue = node(), node()
+    create(owner, fanout)
+    create(owner, queue, queue=True)
+    disco = "http://jabber.org/protocol/disco#info"
+    # The server itself (no 'to', or its domain) is an im server, not the pubsub service.
+    for to in (None, "localhost"):
+        server = ok(s.iq("get", f"<query xmlns='{disco}'/>", to=to))
+        assert {(i.get("category"), i.get("type")) for i in server.iter(f"{{{disco}}}identity")} \
+            == {("server", "im")}
+        items = ok(s.iq("get", "<query xmlns='http://jabber.org/protocol/disco#items'/>", to=to))
+        assert [i.get("jid") for i in items.iter(
+            "{http://jabber.org/protocol/disco#items}item")] == ["pubsub.localhost"]
+
+    def node_info(path: str) -> tuple[set, set]:
+        info = ok(s.iq("get", f"<query xmlns='{disco}' node='{path}'/>"))
+        return ({(i.get("category"), i.get("type"), i.get("name"))
+                 for i in info.iter(f"{{{disco}}}identity")},
+                {f.get("var") for f in info.iter(f"{{{disco}}}feature")})
+
+    # A node is a pubsub leaf; XEP-0254's feature is announced on queue nodes only.
+    identities, features = node_info(queue)
+    assert identities == {("pubsub", "leaf", queue)} and QUEUEING in features
+    identities, features = node_info(fanout)
+    assert identities == {("pubsub", "leaf", fanout)}
+    assert PUBSUB in features and QUEUEING not in features
+    # A hidden node answers as a missing one.
+    for hidden in ("/closed", "/nowhere"):
+        reply = s.iq("get", f"<query xmlns='{disco}' node='{hidden}'/>")
+        assert error_condition(reply) == "item-not-found", hidden
+    owner.close()
+    s.close()
+
+
+def test_unsubscribe(xmpp):
+    _, url = xmpp
+    pub, sub = session(url, "alice"), session(url, "bob")
+    path, witness = node(), node()
+    create(pub, path)
+    create(pub, witness)
+    bare = sub.jid.split("/")[0]
+    ok(subscribe(sub, path))
+    ok(subscribe(sub, witness))
+    publish(pub, path, "<n xmlns='urn:test'>1</n>", "before")
+    assert sub.event("item", node=path)[1].get("id") == "before"
+    # Only one's own JID; a node that is missing or hidden answers as missing.
+    reply = sub.pubsub("set", f"<unsubscribe node='{path}' jid='alice@localhost'/>")
+    assert error_condition(reply) == "bad-request"
+    assert reply.find(".//{http://jabber.org/protocol/pubsub#errors}invalid-jid") is not None
+    for hidden in ("/closed", "/nowhere"):
+        reply = sub.pubsub("set", f"<unsubscribe node='{hidden}' jid='{bare}'/>")
+        assert error_condition(reply) == "item-not-found", hidden
+    ok(sub.pubsub("set", f"<unsubscribe node='{path}' jid='{bare}'/>"))
+    # XEP-0060 6.2.3.2: not subscribed (any more).
+    reply = sub.pubsub("set", f"<unsubscribe node='{path}' jid='{bare}'/>")
+    assert error_condition(reply) == "unexpected-request"
+    assert reply.find(".//{http://jabber.org/protocol/pubsub#errors}not-subscribed") is not None
+    # Nothing published after it arrives, on this stream or on the account's next one; the
+    # item on the node still subscribed, published after it, does.
+    publish(pub, path, "<n xmlns='urn:test'>2</n>", "after")
+    publish(pub, witness, "<n xmlns='urn:test'>3</n>", "witness")
+    assert sub.event("item", node=witness)[1].get("id") == "witness"
+    with pytest.raises(AssertionError, match="no item event"):
+        sub.event("item", node=path, timeout=1)
+    sub.close()
+    again = session(url, "bob")
+    publish(pub, witness, "<n xmlns='urn:test'>4</n>", "witness-2")
+    assert again.event("item", node=witness)[1].get("id") == "witness-2"
+    with pytest.raises(AssertionError, match="no item event"):
+        again.event("item", node=path, timeout=1)
+    pub.close()
+    again.close()
+
+
+def test_configure_a_node(xmpp):
+    _, url = xmpp
+    owner, other = session(url, "alice"), session(url, "bob")
+    path = node()
+    create(owner, path)
+
+    def config() -> dict[str, str | None]:
+        reply = ok(owner.pubsub("get", f"<configure node='{path}'/>", owner=True))
+        return {f.get("var"): (f.find("{jabber:x:data}value").text
+                               if f.find("{jabber:x:data}value") is not None else None)
+                for f in reply.iter("{jabber:x:data}field")}
+
+    def configure(s: XmppSession, fields: str) -> ET.Element:
+        return s.pubsub("set", f"<configure node='{path}'><x xmlns='jabber:x:data' "
+                               f"type='submit'>{fields}</x></configure>", owner=True)
+
+    assert config()["pubsub#queueing"] == "0"
+    ok(configure(owner, "<field var='pubsub#queueing'><value>true</value></field>"
+                        "<field var='smqp#retry_timeout'><value>45</value></field>"))
+    after = config()
+    assert after["pubsub#queueing"] == "1" and after["smqp#retry_timeout"] == "45"
+    # A bad value or an unknown field: not-acceptable, and nothing changes.
+    for bad in ("<field var='pubsub#queueing'><value>maybe</value></field>",
+                "<field var='smqp#retry_timeout'><value>-3</value></field>"
+                "<field var='pubsub#queueing'><value>0</value></field>",
+                "<field var='pubsub#no_such_thing'><value>1</value></field>"):
+        assert error_condition(configure(owner, bad)) == "not-acceptable", bad
+    assert config() == after
+    # The manage right is needed, to read as to change.
+    assert error_condition(configure(other, "<field var='pubsub#queueing'><value>0</value>"
+                                            "</field>")) == "forbidden"
+    assert error_condition(other.pubsub("get", f"<configure node='{path}'/>", owner=True)) \
+        == "forbidden"
+    assert config() == after
+    owner.close()
+    other.close()
+
+
+def test_item_ids_on_publish_and_retrieval(xmpp):
+    _, url = xmpp
+    s = session(url, "alice")
+    path = node()
+    create(s, path)
+    reply = s.pubsub("set", f"<publish node='{path}'><item id='{'i' * 181}'>"
+                            "<n xmlns='urn:test'/></item></publish>")
+    assert error_condition(reply) == "not-acceptable"
+    longest = "i" * 180
+    assert publish(s, path, "<n xmlns='urn:test'>1</n>", longest) == longest
+    publish(s, path, "<n xmlns='urn:test'>2</n>", "two")
+    got = ok(s.pubsub("get", f"<items node='{path}'><item id='two'/></items>"))
+    assert [i.get("id") for i in got.iter(tag(PUBSUB, "item"))] == ["two"]
+    reply = s.pubsub("get", f"<items node='{path}'><item id='missing'/></items>")
+    assert error_condition(reply) == "item-not-found"
+    s.close()
+
+
 # ------------------------------------------------------------------ across doors
 
 
