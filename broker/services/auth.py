@@ -180,8 +180,8 @@ def _throttle(pair_failures: int, account_failures: int,
     if (pair_failures >= settings.SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT
             or account_failures >= settings.SMQP_LOGIN_ACCOUNT_FAILURES_BEFORE_LOCKOUT):
         return Throttle(refused=True, delay=0.0)
-    excess = (pair_failures if decided is None else decided) \
-        - settings.SMQP_LOGIN_FAILURES_BEFORE_DELAY
+    failed = pair_failures if decided is None else decided
+    excess = failed - settings.SMQP_LOGIN_FAILURES_BEFORE_DELAY
     if excess >= 0:
         return Throttle(refused=False, delay=min(0.5 * 2**excess, 8.0))
     return Throttle(refused=False, delay=0.0)
