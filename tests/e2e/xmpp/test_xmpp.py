@@ -35,6 +35,9 @@ from tests.support.xmpp_session import (
 
 pytestmark = pytest.mark.e2e
 
+DISCO_INFO = "http://jabber.org/protocol/disco#info"
+DISCO_ITEMS = "http://jabber.org/protocol/disco#items"
+
 SETUP = """
 from accounts.models import Account
 from broker.services import topics as ts
@@ -253,11 +256,11 @@ def test_offline_subscriber_gets_the_backlog_on_bind(xmpp):
 def test_disco(xmpp):
     _, url = xmpp
     s = session(url, "bob")
-    info = ok(s.iq("get", "<query xmlns='http://jabber.org/protocol/disco#info'/>"))
-    features = {f.get("var") for f in info.iter("{http://jabber.org/protocol/disco#info}feature")}
+    info = ok(s.iq("get", f"<query xmlns='{DISCO_INFO}'/>"))
+    features = {f.get("var") for f in info.iter(tag(DISCO_INFO, "feature"))}
     assert {PUBSUB, PUBSUB + "#publish", QUEUEING, PUBSUB + "#config-node"} <= features
-    items = ok(s.iq("get", "<query xmlns='http://jabber.org/protocol/disco#items' node='/'/>"))
-    nodes = {i.get("node") for i in items.iter("{http://jabber.org/protocol/disco#items}item")}
+    items = ok(s.iq("get", f"<query xmlns='{DISCO_ITEMS}' node='/'/>"))
+    nodes = {i.get("node") for i in items.iter(tag(DISCO_ITEMS, "item"))}
     assert "/x" in nodes
     s.close()
 
@@ -268,21 +271,20 @@ def test_disco_of_the_server_and_of_a_node(xmpp):
     fanout, queue = node(), node()
     create(owner, fanout)
     create(owner, queue, queue=True)
-    disco = "http://jabber.org/protocol/disco#info"
     # The server itself (no 'to', or its domain) is an im server, not the pubsub service.
     for to in (None, "localhost"):
-        server = ok(s.iq("get", f"<query xmlns='{disco}'/>", to=to))
-        assert {(i.get("category"), i.get("type")) for i in server.iter(f"{{{disco}}}identity")} \
-            == {("server", "im")}
-        items = ok(s.iq("get", "<query xmlns='http://jabber.org/protocol/disco#items'/>", to=to))
-        assert [i.get("jid") for i in items.iter(
-            "{http://jabber.org/protocol/disco#items}item")] == ["pubsub.localhost"]
+        server = ok(s.iq("get", f"<query xmlns='{DISCO_INFO}'/>", to=to))
+        assert {(i.get("category"), i.get("type"))
+                for i in server.iter(tag(DISCO_INFO, "identity"))} == {("server", "im")}
+        items = ok(s.iq("get", f"<query xmlns='{DISCO_ITEMS}'/>", to=to))
+        assert [i.get("jid") for i in items.iter(tag(DISCO_ITEMS, "item"))] \
+            == ["pubsub.localhost"]
 
     def node_info(path: str) -> tuple[set, set]:
-        info = ok(s.iq("get", f"<query xmlns='{disco}' node='{path}'/>"))
+        info = ok(s.iq("get", f"<query xmlns='{DISCO_INFO}' node='{path}'/>"))
         return ({(i.get("category"), i.get("type"), i.get("name"))
-                 for i in info.iter(f"{{{disco}}}identity")},
-                {f.get("var") for f in info.iter(f"{{{disco}}}feature")})
+                 for i in info.iter(tag(DISCO_INFO, "identity"))},
+                {f.get("var") for f in info.iter(tag(DISCO_INFO, "feature"))})
 
     # A node is a pubsub leaf; XEP-0254's feature is announced on queue nodes only.
     identities, features = node_info(queue)
@@ -292,7 +294,7 @@ def test_disco_of_the_server_and_of_a_node(xmpp):
     assert PUBSUB in features and QUEUEING not in features
     # A hidden node answers as a missing one.
     for hidden in ("/closed", "/nowhere"):
-        reply = s.iq("get", f"<query xmlns='{disco}' node='{hidden}'/>")
+        reply = s.iq("get", f"<query xmlns='{DISCO_INFO}' node='{hidden}'/>")
         assert error_condition(reply) == "item-not-found", hidden
     owner.close()
     s.close()
@@ -346,8 +348,7 @@ def test_configure_a_node(xmpp):
 
     def config() -> dict[str, str | None]:
         reply = ok(owner.pubsub("get", f"<configure node='{path}'/>", owner=True))
-        return {f.get("var"): (f.find("{jabber:x:data}value").text
-                               if f.find("{jabber:x:data}value") is not None else None)
+        return {f.get("var"): f.findtext("{jabber:x:data}value")
                 for f in reply.iter("{jabber:x:data}field")}
 
     def configure(s: XmppSession, fields: str) -> ET.Element:
