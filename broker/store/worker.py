@@ -120,6 +120,7 @@ def serve(fd: int, database: str, calls: Calls, durable: Callable[[str], bool]) 
                 owed.clear()
                 continue
             call_id, name, args, generations = pickle.loads(frame)
+            store.before_storage_call()
             ok, data = _answer(calls, call_id, name, args, generations, seen)
             # A failed call committed nothing: its answer needs no flush.
             if wal is not None and ok and durable(name):

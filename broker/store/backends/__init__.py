@@ -147,6 +147,11 @@ class Backend(ABC):
         """Between a storage process's calls: bring the planner's statistics of the tables
         publishes grow up to date when they are far behind."""
 
+    @abstractmethod
+    def before_storage_call(self) -> None:
+        """In a storage process, before each call: replace a connection that can no longer
+        serve it, where that is known without a round trip."""
+
 
 # ---------------------------------------------------------------------- shared helpers
 

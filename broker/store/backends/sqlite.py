@@ -161,6 +161,9 @@ class SQLite(Backend):
         """None kept: SQLite plans these queries from their indexes alone (its heuristics
         take an index to narrow well, which holds for them), whatever the row counts."""
 
+    def before_storage_call(self) -> None:
+        return None  # a file, no server that could have ended the connection
+
     def open_for_storage(self, database: str) -> str | None:
         """In WAL mode with ``synchronous=FULL`` (or EXTRA): this process commits with
         NORMAL instead, which writes the WAL without waiting for the disk, and flushes the

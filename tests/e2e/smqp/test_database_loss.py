@@ -2,9 +2,10 @@
 them): the next publishes and ACKs go through on new connections, over a real socket, with
 no error reply and nothing lost or delivered twice.
 
-On PostgreSQL the publish and ACK transactions skip Django's per-call health check (they run
-in pipeline mode, a round trip counts); a connection found broken before the COMMIT went out
-is replaced and the transaction run once more. Here every server-side connection to the
+On PostgreSQL the storage processes skip Django's per-call health check (a round trip per
+publish batch): a connection the server ended while it sat idle is found on its socket and
+replaced before the next call, and one found broken before a transaction's COMMIT went out is
+replaced and the transaction run once more. Here every server-side connection to the
 listener's database is terminated between two messages.
 """
 
