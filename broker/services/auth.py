@@ -15,6 +15,7 @@ import hashlib
 import ipaddress
 import ssl
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -25,7 +26,6 @@ from django.utils import timezone
 
 from accounts import scram
 from accounts.models import Account, LoginSession
-from broker.store import dbthread
 
 from . import events
 
@@ -219,11 +219,18 @@ ADMIT_WAIT_SECONDS = 10.0
 ADMIT_POLL_SECONDS = 0.05
 
 
+# The counts are in Redis only: they are taken on threads of their own, not on the listener's
+# database thread, where a crowd of attempts waiting (polling) for their pair's outcome would
+# queue every other account's database work behind their round trips.
+_COUNTING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="smqp-throttle")
+
+
 async def admit_attempt(peer_host: str, username: str) -> Throttle:
     """:func:`count_attempt` from a door's event loop, waiting while it is only busy."""
+    loop = asyncio.get_running_loop()
     deadline = time.monotonic() + ADMIT_WAIT_SECONDS
     while True:
-        throttle = await dbthread.run(count_attempt, peer_host, username)
+        throttle = await loop.run_in_executor(_COUNTING, count_attempt, peer_host, username)
         if not throttle.busy:
             return throttle
         if time.monotonic() >= deadline:

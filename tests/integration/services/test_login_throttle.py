@@ -6,11 +6,15 @@ or one after another, are bounded and slowed down as before."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 
 import pytest
 
 from broker.services import auth
+from broker.store import dbthread
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.django_db
 
@@ -87,3 +91,21 @@ def test_token_guesses_are_counted_per_address(limits):
     for _ in range(3):
         auth.record_token_failure(peer, "smqp_xx")
     assert auth.token_throttle(peer).delay == 0.5
+
+
+def test_an_attempt_is_counted_while_the_database_thread_is_busy(limits, name):
+    # The counts are Redis work: admitting an attempt (and each poll of one waiting for its
+    # pair's outcome) must not queue behind the listener's database thread, which every
+    # other account's commands use.
+    released = threading.Event()
+
+    async def admit_beside_a_busy_database_thread() -> auth.Throttle:
+        busy = asyncio.ensure_future(dbthread.run(released.wait, scaled(30)))
+        try:
+            return await asyncio.wait_for(auth.admit_attempt(PEER, name), scaled(10))
+        finally:
+            released.set()
+            await busy
+
+    assert asyncio.run(admit_beside_a_busy_database_thread()) == auth.Throttle(
+        refused=False, delay=0.0)
