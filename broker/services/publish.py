@@ -10,7 +10,7 @@ publish is checked and made a row by :mod:`.prepare`, its receivers found by
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -134,9 +134,12 @@ def publish_batch_held(
     results: list[Published | ServiceError | Redundant | None] = [None] * len(requests)
     prepared, publishers = _prepare_all(requests, results, now)
     with hot_transaction():
-        prepared, claims = _claim_resources(requests, prepared, results, now)
+        claims = _send_claims(requests, prepared, now)
+        if claims is not None and _limited(prepared):
+            # A queue limit counts only what is stored: the claims are read first.
+            prepared = _take_claims(claims, prepared, results, now)
         prepared = _apply_queue_limits(prepared, results)
-        _store_batch(requests, prepared, publishers, results, now)
+        _store_batch(requests, prepared, publishers, results, now, claims)
         if claims is not None:
             _settle_claims(claims, results, now)
         yield results  # type: ignore[misc]
@@ -146,18 +149,18 @@ def publish_batch_held(
 class _Claims:
     """A batch's QQP ResourceIDs: the first publish of each key, by key (the one that may be
     stored), the later ones of the same key in the batch (replays: they answer as the first
-    does), and the keys claimed in this transaction."""
+    does), the claim as sent (read once), and the keys claimed in this transaction."""
 
     first: dict[tuple[int, str], int]
     repeats: dict[int, int]  # index in the batch → index of the first with its key
-    claimed: set[tuple[int, str]]
+    sent: Callable[[], set[tuple[int, str]]]
+    claimed: set[tuple[int, str]] | None = None  # None until the claim is read
 
 
-def _claim_resources(requests: list[PublishRequest], prepared: list[Prepared], results: list,
-                     now: datetime) -> tuple[list[Prepared], _Claims | None]:
-    """Claim the ResourceIDs of the batch's QQP items in its transaction
-    (:func:`.qqp_resources.claim_in_batch`): an item stored before gets its ``Redundant``,
-    a second item of a key in this batch waits for the first's result; neither is stored."""
+def _send_claims(requests: list[PublishRequest], prepared: list[Prepared],
+                 now: datetime) -> _Claims | None:
+    """Claim the ResourceIDs of the batch's QQP items in its transaction (sent now, read by
+    :func:`_take_claims` with the batch's other reads); None when it has none."""
     first: dict[tuple[int, str], int] = {}
     repeats: dict[int, int] = {}
     for i, _, _ in prepared:
@@ -170,13 +173,32 @@ def _claim_resources(requests: list[PublishRequest], prepared: list[Prepared], r
         else:
             first[key] = i
     if not first:
-        return prepared, None
-    claimed, stored_before = qqp_resources.claim_in_batch(list(first), now)
+        return None
+    return _Claims(first, repeats, qqp_resources.send_claim(list(first), now))
+
+
+def _take_claims(claims: _Claims, prepared: list[Prepared], results: list,
+                 now: datetime) -> list[Prepared]:
+    """Read the claims (:func:`.qqp_resources.claim_in_batch`): an item stored before gets
+    its ``Redundant``, a second item of a key in this batch waits for the first's result;
+    neither is stored. The publishes still to store."""
+    if claims.claimed is not None:
+        return prepared
+    claims.claimed, stored_before = qqp_resources.claim_in_batch(
+        list(claims.first), now, claims.sent)
     for key, smuid in stored_before.items():
-        results[first[key]] = qqp_resources.Redundant(smuid)
-    kept = [item for item in prepared
-            if item[0] not in repeats and results[item[0]] is None]
-    return kept, _Claims(first, repeats, claimed)
+        results[claims.first[key]] = qqp_resources.Redundant(smuid)
+    return [item for item in prepared
+            if item[0] not in claims.repeats and results[item[0]] is None]
+
+
+def _limited(prepared: list[Prepared]) -> bool:
+    """Has a topic of these publishes a queue limit (see :func:`_apply_queue_limits`)?"""
+    for topic in {item[1].pk: item[1] for item in prepared}.values():
+        params = effective(topic)
+        if params["max_message_count"] is not None or params["max_queue_bytes"] is not None:
+            return True
+    return False
 
 
 def _settle_claims(claims: _Claims, results: list, now: datetime) -> None:
@@ -185,6 +207,7 @@ def _settle_claims(claims: _Claims, results: list, now: datetime) -> None:
     first: ``Redundant`` of its smuid, or its refusal."""
     stored: list[tuple[tuple[int, str], int]] = []
     refused: list[tuple[int, str]] = []
+    assert claims.claimed is not None  # read before the rows were written
     for key in claims.claimed:
         result = results[claims.first[key]]
         if isinstance(result, Published):
@@ -250,15 +273,21 @@ def _prepare_all(requests: list[PublishRequest], results: list,
 
 
 def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
-                 publishers: dict[int, str], results: list, now: datetime) -> None:
+                 publishers: dict[int, str], results: list, now: datetime,
+                 claims: _Claims | None = None) -> None:
     """Write the batch's messages, deliveries and usage events; each publish's
-    ``Published`` goes into ``results``."""
+    ``Published`` goes into ``results``. ``claims`` not yet read are read with the
+    subscriptions (their publishes are among ``prepared`` until then)."""
     topics = {t.pk: t for _, t, _ in prepared}
     lock_topics(topics, exclusive=False)  # a subscription being made: see lock_topics
-    # Both questions go out before either answer is read: one round trip on PostgreSQL.
+    # The questions go out before any answer is read (the claims before them): one round
+    # trip on PostgreSQL. Keys are asked for every publish; a replay's goes unused.
     subscriptions = subscribers(list(topics.values()), now)
-    smuids = stored.MESSAGES.reserve_pks(len(prepared))
+    reserved = stored.MESSAGES.reserve_pks(len(prepared))
     subs = subscriptions()
+    if claims is not None:
+        prepared = _take_claims(claims, prepared, results, now)
+    smuids = _first_keys(reserved, len(prepared))
     allowed_by_topic = {topic_id: receivers(subs.get(topic_id, ()), topic, now)
                         for topic_id, topic in topics.items()}
     # Content-based subscriptions (profile §9.2): only on topics that have some is each
@@ -304,6 +333,15 @@ def _store_batch(requests: list[PublishRequest], prepared: list[Prepared],
                         {"door": requests[i].door, "to": len(results[i].accounts)})
                        for i, topic, row in prepared], now, inserts)
     inserts.run()
+
+
+def _first_keys(reserved: Callable[[], list[int]] | None,
+                count: int) -> Callable[[], list[int]] | None:
+    """The first ``count`` of the keys reserved (ascending: smuids still grow in publish
+    order)."""
+    if reserved is None or count == 0:
+        return None
+    return lambda: reserved()[:count]
 
 
 def _view(row: NewMessage, topic: Topic | Node, publisher: str) -> MessageView:

@@ -7,6 +7,7 @@ claim commit together or not at all."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -77,17 +78,25 @@ class Redundant:
     smuid: int
 
 
-def claim_in_batch(keys: list[resources.Key], now: datetime) -> tuple[set[resources.Key],
-                                                                      dict[resources.Key, int]]:
+def send_claim(keys: list[resources.Key], now: datetime) -> Callable[[], set[resources.Key]]:
     """Claim ResourceIDs (distinct (account, ResourceID) keys) inside the transaction of the
-    publish batch that stores their items: (the keys claimed, whose items are to be
-    published, then :func:`record`-ed or :func:`unclaim`-ed in the same transaction; the
-    ones stored before, with their smuids).
+    publish batch that stores their items; the returned function reads which were claimed
+    (on PostgreSQL the claim is only sent: read it with the batch's other reads, one round
+    trip). Then :func:`claim_in_batch`."""
+    return resources.claim(keys, now)
+
+
+def claim_in_batch(keys: list[resources.Key], now: datetime,
+                   sent: Callable[[], set[resources.Key]] | None = None
+                   ) -> tuple[set[resources.Key], dict[resources.Key, int]]:
+    """Claim ResourceIDs (as :func:`send_claim` does, unless ``sent`` is its claim of
+    ``keys``): (the keys claimed, whose items are to be published, then :func:`record`-ed or
+    :func:`unclaim`-ed in the same transaction; the ones stored before, with their smuids).
 
     The claim and the message commit together, so a claim without an smuid is never seen
     committed by this code; one found (written by the door before the claim moved into the
     batch, committed ahead of its publish) is settled by the message itself."""
-    claimed = resources.claim(keys, now)()
+    claimed = (sent or send_claim(keys, now))()
     stored_before: dict[resources.Key, int] = {}
     others = [key for key in keys if key not in claimed]
     retained = now - timedelta(days=settings.SMQP_QQP_DEDUP_DAYS)
