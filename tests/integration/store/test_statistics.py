@@ -55,6 +55,7 @@ def counted(at_least):
 def keep():
     postgresql._next_look = 0.0  # (a look is due)
     backend().keep_statistics()
+    postgresql.analyzed(DEADLINE - time.monotonic())  # the ANALYZE runs on a thread
     return changes()
 
 out = {}
@@ -82,3 +83,66 @@ def test_a_burst_of_publishes_gets_its_tables_analyzed_and_a_few_do_not(tmp_path
     # 1,020: both analyzed, their change counts back to zero.
     assert all(out["burst_before"][t][0] >= 1020 for t in tables)
     assert all(out["burst_after"][t] == [0, True] for t in tables)
+
+
+BESIDE = r"""
+import json, time
+import psycopg
+from django.db import connection
+from django.utils import timezone
+from accounts.models import Account
+from broker.models import Delivery, Message
+from broker.store.backends import backend
+from broker.store.backends import postgresql
+from topics.models import Topic
+
+account = Account.objects.create(username="bob")
+topic = Topic.objects.create(path="/q", delivery_mode="queue", retry_timeout=30,
+                             max_retries=5, expiry_timeout=60)
+now = timezone.now()
+messages = Message.objects.bulk_create(
+    Message(topic=topic, cmuid=f"c{i}", created=now, timeout=60) for i in range(1000))
+Delivery.objects.bulk_create(Delivery(account=account, message=m) for m in messages)
+deadline = time.monotonic() + %(wait)s
+while time.monotonic() < deadline:
+    with connection.cursor() as c:
+        c.execute("SELECT pg_stat_force_next_flush()")
+        c.execute("SELECT min(n_mod_since_analyze) FROM pg_stat_user_tables "
+                  "WHERE relname IN ('broker_message', 'broker_delivery')")
+        if c.fetchone()[0] >= 1000:
+            break
+
+# Another session holds what ANALYZE needs (SHARE UPDATE EXCLUSIVE): the ANALYZE waits.
+params = connection.get_connection_params()
+other = psycopg.connect(host=params.get("host"), port=params.get("port"),
+                        user=params.get("user"), dbname=connection.settings_dict["NAME"])
+other.execute("LOCK TABLE broker_message IN SHARE UPDATE EXCLUSIVE MODE")
+with connection.cursor() as c:  # (an ANALYZE on this connection would fail, not hang)
+    c.execute("SET lock_timeout = '%(lock)ss'")
+postgresql._next_look = 0.0
+backend().keep_statistics()  # returns while the ANALYZE waits on its own connection
+out = {"waiting": postgresql._analyzing is not None and postgresql._analyzing.is_alive()}
+with connection.cursor() as c:  # this connection serves meanwhile
+    c.execute("SELECT count(*) FROM broker_message")
+    out["served"] = c.fetchone()[0]
+other.rollback()
+postgresql.analyzed(%(wait)s)
+with connection.cursor() as c:
+    c.execute("SELECT relname, last_analyze IS NOT NULL FROM pg_stat_user_tables "
+              "WHERE relname IN ('broker_message', 'broker_delivery') ORDER BY relname")
+    out["analyzed"] = dict(c.fetchall())
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_the_analyze_runs_beside_the_storage_calls(tmp_path):
+    # The publishes a storage process is sent wait for nothing but their own statements:
+    # with the ANALYZE held up by another session's lock, keep_statistics() has returned and
+    # the process's connection answers; once the lock goes, both tables are analyzed.
+    with fresh_database("postgres", tmp_path) as env:
+        script = BESIDE % {"wait": scaled(30), "lock": round(scaled(10))}
+        result = run_manage(env, "shell", "--no-imports", "-c", script)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    assert json.loads(line.removeprefix("RESULT ")) == {
+        "waiting": True, "served": 1000,
+        "analyzed": {"broker_delivery": True, "broker_message": True}}
