@@ -194,11 +194,14 @@ def _take_claims(claims: _Claims, prepared: list[Prepared], results: list,
 
 def _limited(prepared: list[Prepared]) -> bool:
     """Has a topic of these publishes a queue limit (see :func:`_apply_queue_limits`)?"""
-    for topic in {item[1].pk: item[1] for item in prepared}.values():
-        params = effective(topic)
-        if params["max_message_count"] is not None or params["max_queue_bytes"] is not None:
-            return True
-    return False
+    topics = {item[1].pk: item[1] for item in prepared}.values()
+    return any(_queue_limits(topic) != (None, None) for topic in topics)
+
+
+def _queue_limits(topic: Topic | Node) -> tuple[int | None, int | None]:
+    """(max message count, max queue bytes) in effect on the topic; None: no limit."""
+    params = effective(topic)
+    return params["max_message_count"], params["max_queue_bytes"]
 
 
 def _settle_claims(claims: _Claims, results: list, now: datetime) -> None:
@@ -360,8 +363,7 @@ def _apply_queue_limits(prepared: list[Prepared], results: list) -> list[Prepare
         by_topic[item[1].pk].append(item)
     kept = []
     for topic_id, items in by_topic.items():
-        params = effective(items[0][1])
-        max_count, max_bytes = params["max_message_count"], params["max_queue_bytes"]
+        max_count, max_bytes = _queue_limits(items[0][1])
         if max_count is None and max_bytes is None:
             kept.extend(items)
             continue

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 
 DISCO_INFO = "http://jabber.org/protocol/disco#info"
 DISCO_ITEMS = "http://jabber.org/protocol/disco#items"
+PUBSUB_ERRORS = "http://jabber.org/protocol/pubsub#errors"
 
 SETUP = """
 from accounts.models import Account
@@ -314,7 +315,7 @@ def test_unsubscribe(xmpp):
     # Only one's own JID; a node that is missing or hidden answers as missing.
     reply = sub.pubsub("set", f"<unsubscribe node='{path}' jid='alice@localhost'/>")
     assert error_condition(reply) == "bad-request"
-    assert reply.find(".//{http://jabber.org/protocol/pubsub#errors}invalid-jid") is not None
+    assert reply.find(".//" + tag(PUBSUB_ERRORS, "invalid-jid")) is not None
     for hidden in ("/closed", "/nowhere"):
         reply = sub.pubsub("set", f"<unsubscribe node='{hidden}' jid='{bare}'/>")
         assert error_condition(reply) == "item-not-found", hidden
@@ -322,7 +323,7 @@ def test_unsubscribe(xmpp):
     # XEP-0060 6.2.3.2: not subscribed (any more).
     reply = sub.pubsub("set", f"<unsubscribe node='{path}' jid='{bare}'/>")
     assert error_condition(reply) == "unexpected-request"
-    assert reply.find(".//{http://jabber.org/protocol/pubsub#errors}not-subscribed") is not None
+    assert reply.find(".//" + tag(PUBSUB_ERRORS, "not-subscribed")) is not None
     # Nothing published after it arrives, on this stream or on the account's next one; the
     # item on the node still subscribed, published after it, does.
     publish(pub, path, "<n xmlns='urn:test'>2</n>", "after")
@@ -439,7 +440,7 @@ def test_queue_subscribe_needs_queue_requests(xmpp):
     create(s, path, queue=True)
     reply = subscribe(s, path)
     assert error_condition(reply) == "not-acceptable"
-    assert reply.find(".//{http://jabber.org/protocol/pubsub#errors}configuration-required") \
+    assert reply.find(".//" + tag(PUBSUB_ERRORS, "configuration-required")) \
         is not None
     fields = [f.get("var") for f in reply.iter("{jabber:x:data}field")]
     assert "pubsub#queue_requests" in fields
