@@ -22,7 +22,7 @@ from broker.domain import message as codec
 from broker.domain.values import format_datetime, parse_bool
 from broker.models import DataSection, Delivery, Message, UsageEvent
 from broker.store import messages as stored
-from broker.store.rows import hot_transaction, lock_topics
+from broker.store.rows import hot_transaction, lock_topics, reads_before_writing
 from topics.models import Topic
 from ual.resolution import snapshot_for_id
 
@@ -72,9 +72,10 @@ def ack_batch(acks: list[AckRequest]) -> list[Published]:
     # commits: one of an account deleted since (its deliveries went with it) is moot, and
     # must not fail its batch again and again.
     names: dict[int, str] = {}
-    for account_id in {ack.account_id for ack in acks}:
-        with contextlib.suppress(Account.DoesNotExist):
-            names[account_id] = snapshot_for_id(account_id).account.username
+    with reads_before_writing():
+        for account_id in {ack.account_id for ack in acks}:
+            with contextlib.suppress(Account.DoesNotExist):
+                names[account_id] = snapshot_for_id(account_id).account.username
     acks = [ack for ack in acks if ack.account_id in names]
     if not acks:
         return []

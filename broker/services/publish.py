@@ -22,7 +22,7 @@ from broker.domain import message as codec
 from broker.models import Delivery, Message, UsageEvent
 from broker.store import messages as stored
 from broker.store.messages import NewMessage
-from broker.store.rows import Inserts, hot_transaction, lock_topics
+from broker.store.rows import Inserts, hot_transaction, lock_topics, reads_before_writing
 from topics.models import Topic
 from topics.tree import Node
 from ual.models import Right
@@ -132,7 +132,8 @@ def publish_batch_held(
     (:mod:`broker.store.lanes`)."""
     now = timezone.now()
     results: list[Published | ServiceError | Redundant | None] = [None] * len(requests)
-    prepared, publishers = _prepare_all(requests, results, now)
+    with reads_before_writing():
+        prepared, publishers = _prepare_all(requests, results, now)
     with hot_transaction():
         claims = _send_claims(requests, prepared, now)
         if claims is not None and _limited(prepared):

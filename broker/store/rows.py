@@ -14,8 +14,8 @@ transaction's statements in pipeline mode.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +27,7 @@ from .backends import Statement, Unsent, backend, raw_cursor
 
 __all__ = ["Inserts", "Statement", "Table", "Unsent", "db_datetime", "db_json",
            "from_db_datetime", "hot_transaction", "lock_topics", "placeholder", "query",
-           "raw_cursor"]
+           "raw_cursor", "reads_before_writing"]
 
 
 def db_datetime(value: datetime | None) -> Any:
@@ -82,6 +82,23 @@ def hot_transaction(*, relaxed: bool = False) -> AbstractContextManager[None]:
     Otherwise (SQLite, or inside a caller's atomic block): ``transaction.atomic()``.
     """
     return backend().hot_transaction(relaxed)
+
+
+@contextmanager
+def reads_before_writing() -> Iterator[None]:
+    """Around what a batch reads before its :func:`hot_transaction` (access snapshots,
+    topics), in autocommit: a connection found broken there has committed nothing of the
+    batch, so the error becomes :class:`Unsent` and the call may run again on a new
+    connection. A storage process's look at the idle socket cannot see a goodbye still on
+    its way (``pg_terminate_backend`` returns before the backend has ended)."""
+    try:
+        yield
+    except Unsent:
+        raise
+    except Exception as exc:
+        if backend().connection_broken():
+            raise Unsent("the database connection was lost before any write") from exc
+        raise
 
 
 def lock_topics(topic_ids: Iterable[int], *, exclusive: bool) -> None:

@@ -152,6 +152,10 @@ class Backend(ABC):
         """In a storage process, before each call: replace a connection that can no longer
         serve it, where that is known without a round trip."""
 
+    @abstractmethod
+    def connection_broken(self) -> bool:
+        """Has the current connection been found broken (the server ended it)?"""
+
 
 # ---------------------------------------------------------------------- shared helpers
 

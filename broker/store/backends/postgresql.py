@@ -266,6 +266,10 @@ class PostgreSQL(Backend):
         if select.select([raw.fileno()], [], [], 0)[0] and not connection.is_usable():
             connection.close()
 
+    def connection_broken(self) -> bool:
+        raw = connection.connection
+        return raw is not None and raw.broken
+
     def keep_statistics(self) -> None:
         """ANALYZE the message and delivery tables once their rows changed by more than
         :data:`STALE_ROWS` plus :data:`STALE_FRACTION` of them since the last ANALYZE (a

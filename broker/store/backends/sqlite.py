@@ -164,6 +164,9 @@ class SQLite(Backend):
     def before_storage_call(self) -> None:
         return None  # a file, no server that could have ended the connection
 
+    def connection_broken(self) -> bool:
+        return False
+
     def open_for_storage(self, database: str) -> str | None:
         """In WAL mode with ``synchronous=FULL`` (or EXTRA): this process commits with
         NORMAL instead, which writes the WAL without waiting for the disk, and flushes the

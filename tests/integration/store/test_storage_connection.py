@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import fresh_database, run_manage
+from tests.conftest import accounts_script, fresh_database, run_manage
 from tests.support.timing import scaled
 
 SCRIPT = r"""
@@ -57,3 +57,74 @@ def test_a_connection_ended_by_the_server_is_replaced_and_a_working_one_kept(tmp
     line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line.removeprefix("RESULT "))
     assert out == {"health_checks": False, "kept": True, "dropped": True, "replaced": True}
+
+
+# A publish batch and an ACK batch, each the first call after the server ended the
+# connection, with the server's goodbye not yet on the socket when the call starts (as when
+# pg_terminate_backend has returned and the backend not yet ended: the look at the socket is
+# made to see nothing). Each first reads an access snapshot, before its transaction: that
+# read meets the broken connection, which committed nothing, and the call runs again on a
+# new one (broker.store.rows.reads_before_writing).
+RACE_SCRIPT = r"""
+import json, types
+import psycopg
+from django.db import connection
+from broker.services.ack import AckRequest
+from broker.services.prepare import PublishRequest
+from broker.services.publish import Published
+from broker.services.storage_calls import CALLS
+from broker.services import subscriptions
+from broker.services.topics import create_topic
+from broker.smqp.message import DataSection, Message
+from broker.smqp.values import TopicPattern
+from broker.store import dbthread
+from broker.store.backends import backend, postgresql
+from ual import resolution
+from ual.resolution import AccessSnapshot
+
+root = Account.objects.get(username="root")
+create_topic(AccessSnapshot(root), "/cut")
+subscriptions.subscribe(AccessSnapshot(root), "MESSAGE", TopicPattern(base="/cut", wildcard=False))
+store = backend()
+store.open_for_storage(connection.settings_dict["NAME"])
+postgresql.select = types.SimpleNamespace(select=lambda *args: ([], [], []))
+params = connection.get_connection_params()
+admin = psycopg.connect(host=params.get("host"), port=params.get("port"),
+                        user=params.get("user"), dbname="postgres", autocommit=True)
+
+def cut():
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    resolution.invalidate_local()  # the next call reads its snapshot
+    # With a timeout, pg_terminate_backend returns once the backend has ended.
+    admin.execute("SELECT pg_terminate_backend(%%s, %%s)", (pid, %(wait_ms)s))
+    store.before_storage_call()
+    return pid
+
+out = {}
+first = cut()
+message = Message([], [DataSection([("Content-Type", "text/plain")], b"after the cut")])
+request = PublishRequest(account_id=root.pk, guid="cut00001", kind="MESSAGE", topic="/cut",
+                         cmuid="c1", message=message)
+[published] = dbthread.call_here(CALLS["publish_batch"], [request])
+out["published"] = isinstance(published, Published)
+out["new_connection"] = connection.connection.info.backend_pid != first
+cut()
+acked = dbthread.call_here(CALLS["ack_batch"],
+                           [AckRequest(root.pk, published.smuid, 1, receipt=False)])
+out["ack_answer"] = acked
+with connection.cursor() as c:
+    c.execute("SELECT state FROM broker_delivery WHERE message_id = %%s", [published.smuid])
+    out["states"] = [state for state, in c.fetchall()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_batch_whose_first_read_meets_the_ended_connection_runs_again_on_a_new_one(tmp_path):
+    with fresh_database("postgres", tmp_path) as env:
+        result = run_manage(env, "shell", "--no-imports", "-c", accounts_script("root")
+                            + RACE_SCRIPT % {"wait_ms": int(scaled(10) * 1000)})
+    line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out == {"published": True, "new_connection": True, "ack_answer": [],
+                   "states": ["acked"]}
