@@ -273,6 +273,8 @@ class LocalCluster:
             DJANGO_ALLOWED_HOSTS="*",
             SMQP_SERVER_CONTEXT="cluster.test",
             SMQP_NODE_NAME=node.name if node else "admin",
+            # The SMQP greeting names the node a client reached through HAProxy.
+            SMQP_SERVER_IDENT=f"Django SMQP Broker/0.1 {node.name if node else 'admin'}",
             SMQP_VAR_DIR=str(self.base / (node.name if node else "admin")),
             SMQP_REPORTS_DIR=str(self.base / "shared" / "reports"),
             SMQP_HEALTH_PORT=str(NODE_PORTS["health"]),

@@ -123,10 +123,14 @@ class Consumer(Client):
         self.account, self.topic = account, topic
         self.notified: list[int] = []
         self.acked: list[int] = []
+        # len(acked) at each (re)connection, and the greeting's server: a failure names
+        # the sessions that ACKed a message twice.
+        self.sessions: list[tuple[int, str]] = []
 
     def connect(self) -> Session:
         while True:
             s = self.session(self.account)
+            self.sessions.append((len(self.acked), s.greeting.ident))
             try:
                 reply = s.command(f"SUB MESSAGE {self.topic}")
             except (OSError, ConnectionError) as exc:
@@ -217,4 +221,6 @@ def assert_exactly_once(queue: list[Consumer], fan: list[Consumer]) -> None:
     assert not twice, f"queue messages ACKed twice: {twice[:20]}"
     for c in fan:
         twice = [m for m, n in Counter(c.acked).items() if n > 1]
-        assert not twice, f"{c.account}: fan-out messages ACKed twice: {twice[:20]}"
+        assert not twice, (f"{c.account}: fan-out messages ACKed twice: {twice[:20]}; at "
+                           f"{[i for i, m in enumerate(c.acked) if m == twice[0]]} of "
+                           f"{len(c.acked)} ACKs; sessions (from ACK, greeting): {c.sessions}")
