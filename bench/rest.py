@@ -57,25 +57,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_daphne(broker: BrokerEnv) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    log = (broker.var_dir / "daphne.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "broker.asgi:application"], env=broker.env, cwd=ROOT, stdout=log,
-        stderr=subprocess.STDOUT)
+def _start_daphne(broker: BrokerEnv, workers: int = 1) -> tuple[list[subprocess.Popen], str]:
+    """``workers`` Daphne processes accepting on one listening socket (``--fd``)."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    port = listener.getsockname()[1]
+    procs = []
+    for i in range(workers):
+        log = (broker.var_dir / f"daphne-{i}.log").open("wb")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "daphne", "--fd", str(listener.fileno()),
+             "broker.asgi:application"], env=broker.env, cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),)))
+    listener.close()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/api/schema/", timeout=5).status_code == 200:
-                return proc, url
+                return procs, url
         except httpx.HTTPError:
             pass
-        if proc.poll() is not None:
+        if any(p.poll() is not None for p in procs):
             break
         time.sleep(0.3)
-    proc.kill()
+    for p in procs:
+        p.kill()
     raise BrokerSetupError("daphne did not start")
 
 
@@ -180,6 +189,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample Daphne with py-spy during the single-publish run (slows "
                              "it down: take figures from a run without it)")
     parser.add_argument("--no-rabbitmq", action="store_true")
+    parser.add_argument("--http-workers", type=int, default=1,
+                        help="Daphne processes accepting on the one port")
 
 
 def _row(name: str, samples: Samples, elapsed: float, kind: str) -> list:
@@ -193,15 +204,18 @@ def main(args: argparse.Namespace) -> int:
     results: dict = {}
     rows = []
     with isolated_broker(args.db, setup=lambda b: b.run_python(SETUP)) as broker:
-        daphne, url = _start_daphne(broker)
+        daphnes, url = _start_daphne(broker, args.http_workers)
+        daphne = daphnes[0]
         try:
             token = broker.manage("token", "create", "root", "bench").stdout.strip()
             sub = httpx.get(url + "/api/v1/subscriptions/", headers={
                 "Authorization": f"Bearer {token}"}).json()["results"][0]["id"]
-            # Warm: the first publish starts Daphne's storage processes and dispatcher.
-            httpx.post(url + "/api/v1/topics/bench/messages", timeout=120, json={
-                "sections": [{"text": "warm"}]}, headers={"Authorization": f"Bearer {token}"},
-            ).raise_for_status()
+            # Warm: the first publish starts Daphne's storage processes and dispatcher (each
+            # new connection may reach another of the Daphne processes).
+            for _ in range(4 * args.http_workers):
+                httpx.post(url + "/api/v1/topics/bench/messages", timeout=120, json={
+                    "sections": [{"text": "warm"}]}, headers={"Authorization": f"Bearer {token}"},
+                ).raise_for_status()
             profiler = (PySpy(daphne.pid, RESULTS_DIR / f"{timestamp()}-profile-rest.txt",
                               args.seconds) if args.profile else None)
             if profiler is not None and not profiler.start():
@@ -245,8 +259,10 @@ def main(args: argparse.Namespace) -> int:
                                         "acked": sum(acked),
                                         "acked_per_second": sum(acked) / elapsed}
         finally:
-            daphne.terminate()
-            daphne.wait(30)
+            for proc in daphnes:
+                proc.terminate()
+            for proc in daphnes:
+                proc.wait(30)
     if not args.no_rabbitmq:
         queue = f"bench-rest-{uuid.uuid4().hex[:8]}"
         try:
