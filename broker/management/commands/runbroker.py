@@ -1,7 +1,8 @@
 """``manage.py runbroker``: the whole broker on one machine, in one command.
 
 Starts Daphne (admin, HTTP, WebSocket), the SMQP listener, a Celery worker and Celery beat as
-child processes, and stops them all on Ctrl-C or SIGTERM (or when any one of them dies).
+child processes, starts one that exits again (:class:`_Restarts`), and stops them all on
+Ctrl-C or SIGTERM (or when one keeps exiting).
 """
 
 from __future__ import annotations
@@ -40,6 +41,44 @@ def _die_with_parent() -> None:
     listener outlives it holding its port (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+# A child that exits is started again, as the systemd units restart each process
+# (Restart=always, RestartSec=1): a Redis failover can end the Celery worker (kombu fails
+# while it closes the lost connection), and that must not take the node's doors down with it.
+# One that exits RESTART_BURST times within RESTART_WINDOW seconds stops the broker instead,
+# as systemd's start limit fails a unit that keeps dying.
+RESTART_DELAY = 1.0
+RESTART_BURST = 5
+RESTART_WINDOW = 60.0
+
+
+class _Restarts:
+    """When each exited child is to be started again, and how often each exited lately."""
+
+    def __init__(self) -> None:
+        self._due: dict[str, float] = {}
+        self._exits: dict[str, list[float]] = {}
+
+    def waiting(self, name: str) -> bool:
+        return name in self._due
+
+    def exited(self, name: str, now: float) -> bool:
+        """``name`` exited at ``now``: True when it is to be started again (after
+        RESTART_DELAY), False when it exited too often (the broker stops)."""
+        recent = [t for t in self._exits.get(name, []) if now - t < RESTART_WINDOW] + [now]
+        self._exits[name] = recent
+        if len(recent) >= RESTART_BURST:
+            return False
+        self._due[name] = now + RESTART_DELAY
+        return True
+
+    def due(self, now: float) -> list[str]:
+        """The children to start again now."""
+        names = [name for name, when in self._due.items() if when <= now]
+        for name in names:
+            del self._due[name]
+        return names
 
 
 class Command(BaseCommand):
@@ -111,15 +150,19 @@ class Command(BaseCommand):
                 if child is not None and child.poll() is None:
                     child.send_signal(signal.SIGHUP)
 
+        def start(name: str) -> None:
+            # Own process group: the terminal's Ctrl-C reaches us, and we stop them in order.
+            procs[name] = subprocess.Popen(children[name], cwd=settings.BASE_DIR,
+                                           start_new_session=True, preexec_fn=_die_with_parent)
+            self.stdout.write(f"started {name} (pid {procs[name].pid})")
+            sys.stdout.flush()
+
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         signal.signal(signal.SIGHUP, reload_certificate)
         try:
-            for name, argv in children.items():
-                # Own process group: the terminal's Ctrl-C reaches us, and we stop them in order.
-                procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True,
-                                               preexec_fn=_die_with_parent)
-                self.stdout.write(f"started {name} (pid {procs[name].pid})")
+            for name in children:
+                start(name)
             smqp = []
             if settings.SMQP_PLAIN:
                 smqp.append(f"SMQP on {opts['smqp_host']}:{opts['smqp_port']}")
@@ -139,12 +182,22 @@ class Command(BaseCommand):
                     f"({settings.SMQP_QQP_TLS_PORT}), and HTTPS/wss:// on SMQP_HTTPS_PORT "
                     f"({opts['https_port']}).")
             sys.stdout.flush()
+            restarts = _Restarts()
             while not stopping:
                 for name, proc in procs.items():
-                    if proc.poll() is not None:
-                        self.stderr.write(f"{name} exited with status {proc.returncode}")
-                        stopping = True
-                        break
+                    if proc.poll() is not None and not restarts.waiting(name):
+                        if restarts.exited(name, time.monotonic()):
+                            self.stderr.write(f"{name} exited with status {proc.returncode}; "
+                                              f"starting it again in {RESTART_DELAY:.0f} s")
+                        else:
+                            self.stderr.write(
+                                f"{name} exited with status {proc.returncode}, "
+                                f"{RESTART_BURST} times in {RESTART_WINDOW:.0f} s: stopping")
+                            stopping = True
+                            break
+                for name in restarts.due(time.monotonic()):
+                    if not stopping:
+                        start(name)
                 time.sleep(0.2)
         finally:
             self._stop_all(procs)

@@ -1,8 +1,10 @@
-"""``manage.py runbroker`` brings up the whole system, and stops all of it on SIGTERM."""
+"""``manage.py runbroker`` brings up the whole system, starts a child that died again, and
+stops all of it on SIGTERM."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,6 +65,20 @@ def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_pa
             assert c.command("NOOP") == [b"200 OK\r\n"]
         wait_for(lambda: "ready" in log_path.read_text() and "beat: Starting" in
                  log_path.read_text(), 60, "the Celery worker and beat")
+        # A child that dies (the Celery worker, as a Redis failover can end it) is started
+        # again; the doors stay up meanwhile.
+        worker = int(re.search(r"started celery-worker \(pid (\d+)\)",
+                               log_path.read_text())[1])
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: len(re.findall(r"started celery-worker \(pid (\d+)\)",
+                                        log_path.read_text())) == 2, 30,
+                 "the Celery worker to be started again")
+        assert "celery-worker exited with status -9; starting it again" in log_path.read_text()
+        with RawClient("127.0.0.1", smqp_port) as c:
+            c.login("bob", "pw")
+            assert c.command("NOOP") == [b"200 OK\r\n"]
+        wait_for(lambda: log_path.read_text().count("ready.") == 2, 60,
+                 "the new Celery worker to be ready")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=scaled(60)) == 0
     finally:
