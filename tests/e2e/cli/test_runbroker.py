@@ -77,8 +77,8 @@ def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_pa
         with RawClient("127.0.0.1", smqp_port) as c:
             c.login("bob", "pw")
             assert c.command("NOOP") == [b"200 OK\r\n"]
-        wait_for(lambda: log_path.read_text().count("ready.") == 2, 60,
-                 "the new Celery worker to be ready")
+        wait_for(lambda: len(re.findall(r"celery@\S+ ready\.", log_path.read_text())) >= 2,
+                 60, "the new Celery worker to be ready")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=scaled(60)) == 0
     finally:
