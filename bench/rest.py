@@ -51,12 +51,6 @@ RABBIT = "http://127.0.0.1:15672"
 RABBIT_AUTH = ("guest", "guest")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_daphne(broker: BrokerEnv, workers: int = 1) -> tuple[list[subprocess.Popen], str]:
     """``workers`` Daphne processes accepting on one listening socket (``--fd``)."""
     listener = socket.socket()
