@@ -34,6 +34,7 @@ def pytest_configure(config) -> None:
     module marking itself still runs under ``--strict-markers``."""
     if not config.pluginmanager.hasplugin("xdist"):
         config.addinivalue_line("markers", "xdist_group(name): run with xdist's loadgroup")
+    config.pluginmanager.register(_LoadGroupCheck(), "smqp-loadgroup-check")
     if SLOWDOWN != 1 and config.getoption("timeout", None) is None:
         ini = config.getini("timeout")
         if ini:
@@ -60,6 +61,26 @@ def pytest_collection_modifyitems(config, items) -> None:
         if mark is not None and mark.args:
             item.add_marker(pytest.mark.timeout(scaled(mark.args[0]), **mark.kwargs),
                             append=False)
+
+
+class _LoadGroupCheck:
+    """Refuse to run when ``--dist loadgroup`` is on but the groups did not reach the node
+    ids, which is all xdist's scheduler reads: each module broker would then start on every
+    worker that gets one of its tests, silently (pytest 9.2 with xdist 3.8: pytest-xdist#1386)."""
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own hook has written the groups into node ids
+    def pytest_collection_modifyitems(self, config, items) -> None:
+        if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
+            return
+        lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group")
+                and "@" not in item.nodeid.rsplit("]", 1)[-1]]
+        if lost:
+            message = (f"--dist loadgroup: {len(lost)} grouped tests lost their group (e.g. "
+                       f"{lost[0]}): this pytest and pytest-xdist do not work together "
+                       "(pyproject.toml pins pytest)")
+            # On a worker, xdist reports only that it crashed: say why on the terminal too.
+            os.write(2, f"\nERROR: {message}\n".encode())
+            raise pytest.UsageError(message)
 
 
 def _module_group(item) -> str | None:
