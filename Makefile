@@ -97,14 +97,27 @@ ruff: python-deps
 imports: python-deps
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-# The suite, then the cluster's kill and partition tests (they need the whole machine: a
-# cluster of their own; CLUSTER_TESTS=0 leaves them out of an inner-loop run).
+# The suite, and beside it the cluster's kill and partition tests: a cluster of their own in
+# network namespaces, on addresses, ports and databases the suite does not use. Their output
+# goes to var/cluster-tests.log, printed once both are done. CLUSTER_TESTS=0 leaves them out.
 CLUSTER_TESTS ?= 1
+# A run stopped half-way (the trap below) leaves no cluster behind: the next `up` would refuse.
+CLUSTER_DOWN = SMQP_CLUSTER_DIR=$${SMQP_CLUSTER_DIR:-/tmp/smqp-cluster-test} $(SUDO) $(PY) -m deploy.local down
 test: services postgres lint browser xmpp-clients gnupg cluster-deps
 	@# pytest exits 5 when it collected no test: that is a failure here, not a pass.
-	rc=0; $(PY) -m pytest $(PYTEST_ARGS) -m "not cluster" || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc
-	@if [ "$(CLUSTER_TESTS)" = 1 ]; then $(MAKE) --no-print-directory cluster-tests; fi
+	@mkdir -p var; rc=0; crc=0; cluster=; \
+	if [ "$(CLUSTER_TESTS)" = 1 ]; then \
+	  setsid $(MAKE) --no-print-directory cluster-tests > var/cluster-tests.log 2>&1 & cluster=$$!; \
+	  trap '[ -z "$$cluster" ] || { kill -TERM -- -$$cluster; wait $$cluster; $(CLUSTER_DOWN); } \
+	    >/dev/null 2>&1 || true' EXIT INT TERM; \
+	  echo "the cluster tests run beside the suite (log: var/cluster-tests.log)"; fi; \
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not cluster" || rc=$$?; \
+	if [ -n "$$cluster" ]; then \
+	  wait $$cluster || crc=$$?; cluster=; \
+	  echo "---- the cluster tests (var/cluster-tests.log), exit status $$crc"; \
+	  cat var/cluster-tests.log; fi; \
+	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; exit 1; fi; \
+	[ $$rc -eq 0 ] || exit $$rc; exit $$crc
 
 # The cluster on one machine (docs/cluster.md): Patroni + etcd, Redis Sentinel, HAProxy and
 # PostgreSQL's server binaries from the OS packages; their own instances on a bridge address,
