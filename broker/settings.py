@@ -145,6 +145,9 @@ SMQP_ACK_JOURNAL = env_bool("SMQP_ACK_JOURNAL", True)
 # (broker/store/lanes.py), so they use another core than its event loop. Off: on its
 # threads.
 SMQP_STORAGE_PROCESSES = env_bool("SMQP_STORAGE_PROCESSES", True)
+# A storage process that ended is started again after this many seconds (doubled, up to 30 s,
+# while they keep ending within 10 s of their start), without waiting for the next call.
+SMQP_STORAGE_RESTART_SECONDS = float(os.environ.get("SMQP_STORAGE_RESTART_SECONDS", "1"))
 # Under a stream of publishes (broker/delivery/linger.py) a small publish batch waits up to
 # this many milliseconds for more to join it: fewer, larger transactions, for at most this
 # much more latency. 0: a batch goes at once. The defaults per backend are what the e2e

@@ -41,6 +41,10 @@ logger = logging.getLogger("broker.store.lanes")
 
 #: Least time between two starts of one lane's process.
 RESTART_SECONDS = 1.0
+#: A process that ended is started again after ``SMQP_STORAGE_RESTART_SECONDS``; one that
+#: lived less than SHORT_LIFE_SECONDS, after twice the wait before, up to MAX_RESTART_SECONDS.
+SHORT_LIFE_SECONDS = 10.0
+MAX_RESTART_SECONDS = 30.0
 #: Publish batches on their way to a storage process that flushes the WAL itself (SQLite):
 #: it finds the next one queued when it has answered one, instead of idling until the
 #: listener sends it (see :attr:`Storage.publish_window` for when more than two go).
@@ -100,6 +104,10 @@ class Lane:
         self._ids = itertools.count()
         self._starting: asyncio.Future | None = None
         self._next_start = float("-inf")
+        self._started_at = 0.0
+        self._restart_wait = 0.0  # the wait before the last restart (0: none yet)
+        self._restart: asyncio.TimerHandle | None = None
+        self._closed = False
         self.starts = 0  # processes started (the operators' console: restarts = starts - 1)
 
     async def call(self, name: str, *args: Any) -> Any:
@@ -164,6 +172,7 @@ class Lane:
             theirs.close()
         transport, _ = await loop.create_connection(lambda: _Reader(self), sock=ours)
         self._transport = transport  # type: ignore[assignment]
+        self._started_at = loop.time()
         self.starts += 1
         logger.info("storage process %s started (pid %d)", self.name, self._process.pid)
 
@@ -182,10 +191,29 @@ class Lane:
         for future in waiting.values():
             if not future.done():
                 future.set_result((False, StorageLost(f"storage process {self.name} ended")))
+        loop = asyncio.get_running_loop()
         if process is not None:
-            asyncio.get_running_loop().run_in_executor(None, process.wait)
+            loop.run_in_executor(None, process.wait)
+        if self._closed or self.entry is None:
+            return
+        # Started again on its own, not at the next call: until then the health port says
+        # the listener is not ready, a load balancer sends it no session, and no call comes.
+        from django.conf import settings
+
+        first = float(settings.SMQP_STORAGE_RESTART_SECONDS)
+        short = loop.time() - self._started_at < SHORT_LIFE_SECONDS
+        self._restart_wait = min(max(self._restart_wait * 2, first), MAX_RESTART_SECONDS) \
+            if short and self._restart_wait else first
+        logger.warning("storage process %s ended; starting it again in %.0f s", self.name,
+                       self._restart_wait)
+        if self._restart is not None:
+            self._restart.cancel()
+        self._restart = loop.call_later(self._restart_wait, self.prestart)
 
     def close(self) -> None:
+        self._closed = True
+        if self._restart is not None:
+            self._restart.cancel()
         if self._transport is not None:
             self._transport.close()
 
