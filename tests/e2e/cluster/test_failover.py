@@ -279,7 +279,12 @@ def test_kill_the_postgresql_primary(cluster):
 
             _wait(lambda: cluster.pg_leader() == other, 120, "Patroni to promote the replica")
             note("Patroni promoted the replica", time.monotonic() - killed)
-            wait_progress(pubs, 50)
+            try:
+                wait_progress(pubs, 50)
+            except AssertionError as exc:  # why not: each node's checks, and the timeline
+                timeline.report()
+                raise AssertionError(f"{exc}; each node's /readyz: {readiness(cluster)}") \
+                    from exc
             note("publishing resumed after the PostgreSQL primary was killed",
                  time.monotonic() - killed)
             time.sleep(3)
@@ -344,6 +349,23 @@ class Timeline(threading.Thread):
             self.marks["first publish confirmed after the longest pause"] = max(gaps)[1]
         for what, at in sorted(self.marks.items(), key=lambda item: item[1]):
             note(what, at)
+
+
+def readiness(cluster) -> dict[str, str]:
+    """Each node's SMQP health port's /readyz answer (its checks), or why there is none."""
+    import urllib.error
+    import urllib.request
+
+    answers = {}
+    for node in cluster.nodes:
+        try:
+            with urllib.request.urlopen(node.url("health", "/readyz"), timeout=5) as reply:
+                answers[node.name] = reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            answers[node.name] = f"{exc.code} {exc.read().decode()}"
+        except OSError as exc:
+            answers[node.name] = repr(exc)
+    return answers
 
 
 def haproxy_up(backend: str) -> int:
