@@ -99,8 +99,8 @@ def wait_for_status(url: str, status: int, timeout: float = 60) -> dict:
 def test_listener_health_port_checks_storage_processes_and_drains(backend, tmp_path):
     with fresh_database(backend, tmp_path) as env:
         run_manage(env, "shell", "--no-imports", "-c", accounts_script("bob"))
-        # A storage process that ended is started again after this long: the 503 between
-        # is seen for sure.
+        # A storage process that ended is started again after this long: a window wide
+        # enough for the 503 between to be seen on a loaded machine.
         env = {**env, "SMQP_STORAGE_RESTART_SECONDS": str(scaled(5))}
         with listener(env, tmp_path, "--health-port", "0", "--grace", "4") as broker:
             deadline = time.monotonic() + scaled(30)
