@@ -5,6 +5,7 @@ JSON and problem details (:mod:`.problems`)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -183,7 +184,12 @@ class TokensView(APIView):
         throttle = auth_service.admit_attempt_blocking(peer, data["username"])
         if throttle.refused:
             raise Throttled()
-        account = auth_service.check_clear_password(data["username"], data["password"])
+        try:
+            account = auth_service.check_clear_password(data["username"], data["password"])
+        except Exception:  # undecided (the database away): given back, not a failure
+            with contextlib.suppress(Exception):  # Redis away too: the counts expire
+                auth_service.record_undecided(peer, data["username"])
+            raise
         if account is None:
             auth_service.record_failure(peer, data["username"])
             if throttle.delay > 0:

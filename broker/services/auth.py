@@ -272,6 +272,22 @@ def record_failure(peer_host: str, username: str) -> None:
     )
 
 
+def record_undecided(peer_host: str, username: str) -> None:
+    """An admitted attempt whose check could not be made (the database away in a failover):
+    it decided nothing and told the client nothing of the password, so its counts are given
+    back. Counted as a failure, every client reconnecting through an outage (all from the
+    load balancer's address) would lock its account out for when the database is back."""
+    _uncount(_inflight_key(peer_host, username), _pair_key(peer_host, username),
+             _account_key(username))
+
+
+async def give_back_attempt(peer_host: str, username: str) -> None:
+    """:func:`record_undecided` from a door's event loop (on the counting threads: the
+    database thread may be stuck on the outage that made the check fail)."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(_COUNTING, record_undecided, peer_host, username)
+
+
 def record_success(peer_host: str, username: str) -> None:
     """A good login clears its own account's counts and nobody else's (another account's
     good login from the same address does not give a guesser more tries)."""

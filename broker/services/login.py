@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +40,8 @@ from broker.store import dbthread
 
 from . import accounts as account_service
 from . import auth
+
+logger = logging.getLogger("broker.services.login")
 
 __all__ = [
     "AuthChecks",
@@ -121,6 +124,7 @@ class Checks(Protocol):
     async def scram_step(self, exchange: ScramExchange, data: bytes) -> bytes: ...
     async def find_account(self, username: str) -> Any | None: ...
     async def failed(self, username: str) -> None: ...
+    async def undecided(self, username: str) -> None: ...
     async def succeeded(self, username: str) -> None: ...
     async def change_password(self, account: Any, old: str, new: str) -> None: ...
     async def set_verifier(self, account: Any, text: str) -> None: ...
@@ -159,6 +163,9 @@ class AuthChecks:
 
     async def failed(self, username: str) -> None:
         await dbthread.run(auth.record_failure, self.peer_host, username)
+
+    async def undecided(self, username: str) -> None:
+        await auth.give_back_attempt(self.peer_host, username)
 
     async def succeeded(self, username: str) -> None:
         await dbthread.run(auth.record_success, self.peer_host, username)
@@ -341,6 +348,16 @@ class LoginFlow:
         self._admitted = True
         return throttle
 
+    async def _undecided(self, username: str) -> None:
+        """The check of an admitted attempt raised (not a refusal: the database away): the
+        attempt is given back, not a failure. What raised is the caller's to raise."""
+        if self._admitted:
+            self._admitted = False
+            try:
+                await self.checks.undecided(username)
+            except Exception:  # Redis away too: the attempt's counts expire in time
+                logger.warning("login attempt of %s not given back", username, exc_info=True)
+
     async def _fail(self, username: str, data: bytes | None = None) -> LoginRefused:
         if self._admitted:
             await self.checks.failed(username)
@@ -356,7 +373,11 @@ class LoginFlow:
         throttle = await self._admit(event.username)
         if throttle.delay:
             await self.checks.pause(throttle.delay)
-        account = await self.checks.check_password(event.username, event.password)
+        try:
+            account = await self.checks.check_password(event.username, event.password)
+        except Exception:
+            await self._undecided(event.username)
+            raise
         if account is None:
             raise await self._fail(event.username)
         return await self._logged_in(event.username, account, None)
@@ -376,6 +397,9 @@ class LoginFlow:
                 raise ScramError("authentication failed")
         except ScramError:
             raise await self._fail(expected or exchange.username or "") from None
+        except Exception:
+            await self._undecided(expected or exchange.username or "")
+            raise
         if first and not self._admitted and exchange.username is not None:
             await self._admit(exchange.username)  # the client-first named the account
         if not exchange.authenticated:

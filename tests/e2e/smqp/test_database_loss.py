@@ -72,3 +72,33 @@ def test_publish_and_ack_survive_cut_database_connections(tmp_path):
             assert not sub.pending
     log = broker.log_path.read_text()
     assert "publish batch" not in log and "ack batch" not in log  # no failed batch
+
+
+def _allow_connections(database: str, allow: bool) -> None:
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(allow).lower()}')
+
+
+def test_logins_the_database_outage_left_undecided_do_not_lock_the_account_out(tmp_path):
+    """Logins during a database outage get an error: their password checks raise. They are
+    not failed logins: once the database is back the account logs in at once, where counted
+    as failures they had locked it out (lockout here after 3)."""
+    limits = {"SMQP_LOGIN_FAILURES_BEFORE_DELAY": "2", "SMQP_LOGIN_FAILURES_BEFORE_LOCKOUT": "3"}
+    with fresh_listener("postgres", tmp_path, limits) as broker:
+        database = broker.env["DATABASE_URL"].rsplit("/", 1)[1]
+        with Session(broker.host, broker.port, "bob"):
+            pass
+        _allow_connections(database, False)
+        try:
+            _terminate_connections(database)
+            codes = []
+            for _ in range(6):
+                with Session(broker.host, broker.port) as s:
+                    assert s.command("LOGIN bob CLEAR/1.0").code == 200
+                    codes.append(s.command("PASS bob pw").code)
+        finally:
+            _allow_connections(database, True)
+        assert all(code >= 500 for code in codes), codes
+        assert "command Pass failed" in broker.log_path.read_text()
+        with Session(broker.host, broker.port, "bob") as bob:  # neither refused nor delayed
+            assert bob.command("NOOP").code == 200

@@ -55,6 +55,29 @@ def test_decided_failures_delay_the_next_attempt(limits, name):
     assert delays == [0.0, 0.0, 0.0, 0.5, 1.0, 2.0]
 
 
+def test_attempts_whose_check_failed_are_given_back(limits, name):
+    """Clients reconnecting through a database outage: their checks raise, and their
+    attempts, given back, neither delay nor refuse the logins once the database is back."""
+    for _ in range(30):
+        assert not auth.count_attempt(PEER, name).refused
+        auth.record_undecided(PEER, name)
+    assert auth.count_attempt(PEER, name) == auth.Throttle(refused=False, delay=0.0)
+    auth.record_failure(PEER, name)  # a real failure still counts
+    assert asyncio.run(_give_back_then_count(name)) == auth.Throttle(refused=False, delay=0.0)
+    for _ in range(3):
+        auth.count_attempt(PEER, name)
+        auth.record_failure(PEER, name)
+    # Four decided failures before it, and none of the given-back ones: as the fifth attempt
+    # of test_decided_failures_delay_the_next_attempt.
+    assert auth.count_attempt(PEER, name).delay == 1.0
+
+
+async def _give_back_then_count(name: str) -> auth.Throttle:
+    throttle = auth.count_attempt(PEER, name)
+    await auth.give_back_attempt(PEER, name)
+    return throttle
+
+
 def test_parallel_guesses_are_bounded_and_then_refused(limits, name):
     admitted = [auth.count_attempt(PEER, name) for _ in range(10)]
     assert all(not t.refused for t in admitted)

@@ -114,6 +114,7 @@ class FakeChecks:
     throttle: Throttle = field(default_factory=lambda: Throttle(refused=False, delay=0.0))
     calls: list[tuple] = field(default_factory=list)
     change_error: Exception | None = None
+    check_error: Exception | None = None  # what the password check raises (the database away)
 
     def _account(self, username: str) -> Any | None:
         name = next((n for n in self.passwords if n.casefold() == username.casefold()), None)
@@ -128,6 +129,8 @@ class FakeChecks:
 
     async def check_password(self, username: str, password: str) -> Any | None:
         self.calls.append(("check_password", username))
+        if self.check_error is not None:
+            raise self.check_error
         account = self._account(username)
         return account if account and self.passwords[account.username] == password else None
 
@@ -153,6 +156,9 @@ class FakeChecks:
 
     async def failed(self, username: str) -> None:
         self.calls.append(("failed", username))
+
+    async def undecided(self, username: str) -> None:
+        self.calls.append(("undecided", username))
 
     async def succeeded(self, username: str) -> None:
         self.calls.append(("succeeded", username))
@@ -224,6 +230,17 @@ async def test_a_wrong_password_is_recorded_as_a_failure_and_a_new_login_may_fol
     assert flow.state is State.FAILED and not flow.logged_in
     assert checks.names() == ["admit", "check_password", "failed"]
     assert isinstance(await clear_login(flow), LoggedIn)
+
+
+async def test_a_check_that_raises_gives_the_attempt_back_instead_of_failing_it():
+    """The database away during the check: the attempt decided nothing, so it is not a
+    failure (the throttle would lock out every client reconnecting through an outage)."""
+    checks = FakeChecks(check_error=OSError("connection refused"))
+    flow = smqp(checks)
+    with pytest.raises(OSError):
+        await clear_login(flow)
+    assert checks.calls == [("admit", "alice"), ("check_password", "alice"),
+                            ("undecided", "alice")]
 
 
 async def test_an_unknown_account_fails_as_a_wrong_password():
