@@ -204,7 +204,7 @@ class Lane:
         short = loop.time() - self._started_at < SHORT_LIFE_SECONDS
         self._restart_wait = min(max(self._restart_wait * 2, first), MAX_RESTART_SECONDS) \
             if short and self._restart_wait else first
-        logger.warning("storage process %s ended; starting it again in %.0f s", self.name,
+        logger.warning("storage process %s ended; starting it again in %g s", self.name,
                        self._restart_wait)
         if self._restart is not None:
             self._restart.cancel()
