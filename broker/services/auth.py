@@ -13,6 +13,7 @@ import asyncio
 import functools
 import hashlib
 import ipaddress
+import logging
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,8 @@ from accounts import scram
 from accounts.models import Account, LoginSession
 
 from . import events
+
+logger = logging.getLogger("broker.services.auth")
 
 SUPPORTED_METHODS = ("CLEAR", "SCRAM-SHA-256")
 # Offered on TLS only: the exchange is bound to the server's certificate (profile §9.4).
@@ -276,9 +279,13 @@ def record_undecided(peer_host: str, username: str) -> None:
     """An admitted attempt whose check could not be made (the database away in a failover):
     it decided nothing and told the client nothing of the password, so its counts are given
     back. Counted as a failure, every client reconnecting through an outage (all from the
-    load balancer's address) would lock its account out for when the database is back."""
-    _uncount(_inflight_key(peer_host, username), _pair_key(peer_host, username),
-             _account_key(username))
+    load balancer's address) would lock its account out for when the database is back.
+    Never raises: the caller has the check's own error to report."""
+    try:
+        _uncount(_inflight_key(peer_host, username), _pair_key(peer_host, username),
+                 _account_key(username))
+    except Exception:  # Redis away too: the attempt's counts expire in time
+        logger.warning("login attempt of %s not given back", username, exc_info=True)
 
 
 async def give_back_attempt(peer_host: str, username: str) -> None:

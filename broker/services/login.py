@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,8 +39,6 @@ from broker.store import dbthread
 
 from . import accounts as account_service
 from . import auth
-
-logger = logging.getLogger("broker.services.login")
 
 __all__ = [
     "AuthChecks",
@@ -353,10 +350,7 @@ class LoginFlow:
         attempt is given back, not a failure. What raised is the caller's to raise."""
         if self._admitted:
             self._admitted = False
-            try:
-                await self.checks.undecided(username)
-            except Exception:  # Redis away too: the attempt's counts expire in time
-                logger.warning("login attempt of %s not given back", username, exc_info=True)
+            await self.checks.undecided(username)
 
     async def _fail(self, username: str, data: bytes | None = None) -> LoginRefused:
         if self._admitted:

@@ -200,7 +200,7 @@ class Lane:
         # the listener is not ready, a load balancer sends it no session, and no call comes.
         from django.conf import settings
 
-        first = float(settings.SMQP_STORAGE_RESTART_SECONDS)
+        first = settings.SMQP_STORAGE_RESTART_SECONDS
         short = loop.time() - self._started_at < SHORT_LIFE_SECONDS
         self._restart_wait = min(max(self._restart_wait * 2, first), MAX_RESTART_SECONDS) \
             if short and self._restart_wait else first
