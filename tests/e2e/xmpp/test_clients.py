@@ -187,8 +187,15 @@ def test_three_workers_at_two_doors_share_300_items_each_consumed_once(xmpp):
                   if e["what"] in ("unlock", "ignore")]
         print("let go", len(let_go), "unlock notifications", len(unlocked))
         assert let_go and len(unlocked) >= len(let_go)
-        refused = w_xmpp.events("refused") + w_stanza.events("refused")
-        assert not refused, refused
+        # A consume refused is one whose lock ran out first (its 3 s went by under load
+        # before the retract was handled): the broker must have told that worker so with an
+        # unlock notification, and the item went to another (counted once above).
+        for w in (w_xmpp, w_stanza):
+            told = {e["id"] for e in w.events("unlocked")}
+            unexplained = [e for e in w.events("refused")
+                           if e["what"] != "consume" or e["id"] not in told
+                           or e["condition"] not in ("item-not-found", "unexpected-request")]
+            assert not unexplained, (w.cfg["lib"], unexplained, sorted(told))
         rows = store_rows(broker.env, (
             "SELECT m.id, count(d.id) FILTER (WHERE d.state = 'acked') FROM broker_message m "
             "JOIN topics_topic t ON t.id = m.topic_id LEFT JOIN broker_delivery d "
