@@ -330,6 +330,10 @@ SMQP_IDLE_TIMEOUT = env_int("SMQP_IDLE_TIMEOUT", 1800)
 # are waiting for their account: a wake-up lost between processes (Redis restarting, say)
 # then delays a message by this much instead of until the next login. 0 turns it off.
 SMQP_BACKLOG_SWEEP_SECONDS = env_int("SMQP_BACKLOG_SWEEP_SECONDS", 15)
+# A wake-up from another process older than this when it arrives (its sender's clock
+# against this one's: keep the nodes' clocks synchronised) is not offered as live: the
+# accounts it names read the store instead (broker.delivery.dispatcher.Dispatcher.offer).
+SMQP_WAKEUP_MAX_AGE_SECONDS = float(os.environ.get("SMQP_WAKEUP_MAX_AGE_SECONDS", "1"))
 # How often each process asks Redis whether topics or UAL entries changed elsewhere: a grant
 # or revoke counts in every process at most this long after its commit. (A refusal, 401 or
 # 404, is checked against Redis before it is given, a PUB's within its publish batch; a

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
+
+from django.conf import settings
 
 from broker.domain.message import Message
 from broker.services import conflict, locks, notify
@@ -55,6 +59,10 @@ STORAGE_READY_SECONDS = 5.0
 # account again here, and at most how many are kept (see Dispatcher.offer).
 RECENT_ACK_SECONDS = 60.0
 RECENT_ACK_MAX = 100_000
+# Late wake-ups (see Dispatcher.offer) are logged once per this many seconds at most.
+LATE_LOG_SECONDS = 10.0
+
+logger = logging.getLogger("broker.delivery")
 
 
 class Session(Protocol):
@@ -84,6 +92,11 @@ class Dispatcher:
     def __init__(self) -> None:
         self.origin = uuid.uuid4().hex
         self.sessions: dict[int, set[Session]] = defaultdict(set)
+        # When each session became live here (wall clock, as another process's wake-up is
+        # stamped): see offer().
+        self._live_since: dict[Session, float] = {}
+        self._late = 0  # late wake-ups not logged yet
+        self._late_logged = 0.0
         # (account, smuid) ACKed here lately → when to forget it (see offer()).
         self._recent_acks: OrderedDict[tuple[int, int], float] = OrderedDict()
         self._watchers: defaultdict[int, set[Callable[[], None]]] = defaultdict(set)
@@ -123,8 +136,10 @@ class Dispatcher:
 
     def register(self, session: Session) -> None:
         self.sessions[session.account_id].add(session)
+        self._live_since[session] = time.time()
 
     def unregister(self, session: Session) -> None:
+        self._live_since.pop(session, None)
         live = self.sessions.get(session.account_id)
         if live is not None:
             live.discard(session)
@@ -143,23 +158,53 @@ class Dispatcher:
             if not watchers:
                 del self._watchers[account_id]
 
-    def offer(self, items: Iterable[tuple[int, int, Iterable[int]]]) -> None:
+    def offer(self, items: Iterable[tuple[int, int, Iterable[int]]],
+              sent_at: float | None = None) -> None:
         """(priority, smuid, accounts) → each live session of those accounts, but for an
         account a session here has ACKed it for lately. A wake-up may come after the ACK: a
         backlog read (a login's, the sweep's) sees a message once it is committed, and may
         offer it before its publish has been answered here; the subscriber may ACK it
-        before the publish's wake-up comes."""
+        before the publish's wake-up comes.
+
+        ``sent_at``: when another process sent this wake-up (its wall clock; None for this
+        process's own commits). Such a wake-up may come after the account ACKed the message
+        on another node, which this process does not hear of, and a message is never
+        delivered to an account again once ACKed (profile §8). So it is live only for the
+        sessions that were live here when it was sent: one that logged in later read the
+        store after the commit. And one that comes more than SMQP_WAKEUP_MAX_AGE_SECONDS
+        after it was sent (a node cut off from Redis is handed what queued up for it once
+        its link is back) is not trusted at all: the store is read for its accounts."""
         recent = self._recent_acks
         watchers = self._watchers
+        late = (sent_at is not None
+                and time.time() - sent_at > settings.SMQP_WAKEUP_MAX_AGE_SECONDS)
+        read: set[int] = set()
         for priority, smuid, accounts in items:
             for account_id in accounts:
                 for wake in tuple(watchers.get(account_id, ())):
                     wake()
+                if late:
+                    read.add(account_id)
+                    continue
                 if recent and (account_id, smuid) in recent:
                     continue
                 for session in tuple(self.sessions.get(account_id, ())):
+                    if sent_at is not None and self._live_since.get(session, 0.0) > sent_at:
+                        continue
                     if session.mailbox.offer(priority, smuid, live=True):
                         session.kick()
+        if late:
+            self._came_late(sent_at, read)
+
+    def _came_late(self, sent_at: float, accounts: set[int]) -> None:
+        self._late += 1
+        now = time.time()
+        if now - self._late_logged >= LATE_LOG_SECONDS:
+            logger.warning("%d wake-up(s) from other processes came late (the last %.1f s "
+                           "after it was sent): the store is read for their accounts instead",
+                           self._late, now - sent_at)
+            self._late, self._late_logged = 0, now
+        self.sweeps.read_soon(a for a in accounts if self.sessions.get(a))
 
     def withdraw(self, items: Iterable[tuple[int, int]]) -> None:
         """(account, smuid): queue-mode deliveries the store moved away from the account; its

@@ -1,11 +1,12 @@
 """What the listener does by the clock: the backlog sweep (what a lost wake-up delays, it
-offers within a period) and the subscription sweep (leases that ran out, rights revoked)."""
+offers within a period) and the subscription sweep (leases that ran out, rights revoked);
+and the same backlog read at once for the accounts a late wake-up named (``read_soon``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -34,6 +35,8 @@ class Sweeps:
         self._first_sweep = first_sweep
         self._sweeper = asyncio.ensure_future(self._sweep_loop())
         self._subscription_sweeper = asyncio.ensure_future(self._subscription_loop())
+        self._asked: set[int] = set()  # accounts read_soon() was asked for, not read yet
+        self._reader: asyncio.Task | None = None
 
     async def _sweep_loop(self) -> None:
         """Every ``SMQP_BACKLOG_SWEEP_SECONDS``, sessions with nothing to send are offered
@@ -58,12 +61,39 @@ class Sweeps:
             except Exception:
                 logger.exception("backlog sweep failed; trying again next period")
                 continue
-            for account_id, priority, smuid in rows:
-                live = self.sessions.get(account_id, ())
-                for session in idle.get(account_id, ()):
-                    # (A session may have left during the query.)
-                    if session in live and session.mailbox.offer(priority, smuid):
-                        session.kick()
+            self._offer_rows(rows, idle)
+
+    def read_soon(self, account_ids: Iterable[int]) -> None:
+        """Offer every session here of these accounts what the store holds for them, at
+        once (one query for all the accounts asked for before it runs): the accounts a
+        wake-up that came too late named (see ``Dispatcher.offer``)."""
+        self._asked.update(account_ids)
+        if self._asked and (self._reader is None or self._reader.done()):
+            self._reader = asyncio.ensure_future(self._read_asked())
+
+    async def _read_asked(self) -> None:
+        while self._asked:
+            asked, self._asked = self._asked, set()
+            targets = {a: list(self.sessions[a]) for a in asked if self.sessions.get(a)}
+            if not targets:
+                continue
+            try:
+                rows, _ = await self._backlog(list(targets))
+            except Exception:
+                logger.exception("reading the store for late wake-ups failed; the backlog "
+                                 "sweep tries again")
+                continue
+            self._offer_rows(rows, targets)
+
+    def _offer_rows(self, rows: list[tuple[int, int, int]],
+                    targets: dict[int, list[Session]]) -> None:
+        """(account, priority, smuid) rows of a backlog read → the ``targets`` sessions of
+        each account that are still live (one may have left during the query)."""
+        for account_id, priority, smuid in rows:
+            live = self.sessions.get(account_id, ())
+            for session in targets.get(account_id, ()):
+                if session in live and session.mailbox.offer(priority, smuid):
+                    session.kick()
 
     async def _subscription_loop(self) -> None:
         """Every ``SMQP_SUBSCRIPTION_SWEEP_SECONDS``: leases that ran out end, and so do
@@ -82,5 +112,6 @@ class Sweeps:
                 logger.exception("subscription sweep failed; trying again next period")
 
     def close(self) -> None:
-        self._sweeper.cancel()
-        self._subscription_sweeper.cancel()
+        for task in (self._sweeper, self._subscription_sweeper, self._reader):
+            if task is not None:
+                task.cancel()

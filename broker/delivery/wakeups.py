@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
@@ -48,7 +49,8 @@ class WakeUps:
     the other processes announce goes to them, and so do this process's own commits."""
 
     def __init__(self, origin: str,
-                 offer: Callable[[Iterable[tuple[int, int, Iterable[int]]]], None],
+                 offer: Callable[[Iterable[tuple[int, int, Iterable[int]]], float | None],
+                                 None],
                  withdraw: Callable[[Iterable[tuple[int, int]]], None]) -> None:
         self.origin = origin
         self._offer = offer
@@ -69,7 +71,7 @@ class WakeUps:
         (another process hears of a message at most one round trip later)."""
         if not published:
             return
-        self._offer((p.priority, p.smuid, p.accounts) for p in published)
+        self._offer(((p.priority, p.smuid, p.accounts) for p in published), None)
         if not self._has_peers():
             return
         for p in published:
@@ -87,7 +89,7 @@ class WakeUps:
                 continue
             await asyncio.gather(*(
                 layer.group_send(DISPATCH_GROUP, {"type": "dispatch.wake", "origin": self.origin,
-                                                  "items": items})
+                                                  "items": items, "at": time.time()})
                 for items in batch.values()))
             await asyncio.sleep(WAKE_GATHER_SECONDS)
 
@@ -169,7 +171,7 @@ class WakeUps:
             if origin and origin != self.origin:
                 self._heard_from(origin, event.get("type", ""))
             if event.get("type") == "dispatch.wake" and origin != self.origin:
-                self._offer((p, s, a) for p, s, a in event["items"])
+                self._offer(((p, s, a) for p, s, a in event["items"]), event.get("at"))
             elif event.get("type") == "dispatch.withdraw":
                 self._withdraw(event["items"])
             if loop.time() - joined > 600:  # groups expire in Redis; stay a member

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -97,7 +98,8 @@ def messages_committed(published: Iterable[Committed]) -> None:
     if items:
         with contextlib.suppress(Exception):
             async_to_sync(layer.group_send)(
-                DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "", "items": items})
+                DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "", "items": items,
+                                 "at": time.time()})
 
 
 def deliveries_withdrawn(pairs: Iterable[tuple[int, int]]) -> None:

@@ -114,6 +114,67 @@ async def test_a_message_acked_here_is_not_offered_again_to_its_account(layer, m
         a.close()
 
 
+async def test_another_process_s_wake_up_is_live_only_for_sessions_live_when_it_was_sent(
+        layer):
+    """A session that logged in after a wake-up was sent read the store after its commit;
+    the account may have ACKed the message on another node since (a client that moved
+    here): offering it would deliver it again. The cluster's link-cut test saw 20 fan-out
+    messages ACKed twice so."""
+    a = Dispatcher()
+    before = Probe()
+    a.register(before)
+    sent_at = time.time()
+    await asyncio.sleep(0.01)
+    after = Probe()
+    a.register(after)
+    try:
+        a.offer([(3, 9, [42])], sent_at)
+        assert before.offered == [(3, 9)] and after.offered == []
+        a.offer([(3, 10, [42])])  # this process's own commit: every session
+        assert before.offered == [(3, 9), (3, 10)] and after.offered == [(3, 10)]
+        # Through the group: the stamp travels with the wake-up.
+        await a.joined()
+        await layer.group_send(wakeups.DISPATCH_GROUP, {
+            "type": "dispatch.wake", "origin": "other", "items": [[3, 11, [42]]],
+            "at": sent_at})
+        assert await eventually(lambda: (3, 11) in before.offered)
+        assert (3, 11) not in after.offered
+    finally:
+        a.close()
+
+
+async def test_a_late_wake_up_is_not_offered_the_store_is_read_for_its_accounts(layer,
+                                                                               settings):
+    """A node cut off from Redis is handed what queued up for it once its link is back:
+    wake-ups of messages its accounts may have ACKed elsewhere meanwhile. Past
+    SMQP_WAKEUP_MAX_AGE_SECONDS a wake-up offers nothing; the store is read for the accounts
+    it names (all their sessions here, busy or not), and only what it still holds goes."""
+    settings.SMQP_WAKEUP_MAX_AGE_SECONDS = 1.0
+    a = Dispatcher()
+    busy, other = Probe(), Probe()
+    busy.idle = False
+    other.account_id = 43
+    reads: list[list[int]] = []
+
+    async def store(account_ids: list[int]) -> tuple[list[tuple[int, int, int]], bool]:
+        reads.append(sorted(account_ids))
+        return [(42, 3, 9)], False  # 8 was ACKed on another node; 9 is still due
+
+    a.sweeps._backlog = store
+    a.register(busy)
+    a.register(other)
+    try:
+        a.offer([(3, 8, [42]), (3, 9, [42, 44])], time.time() - 5)
+        assert busy.offered == []  # nothing offered as live
+        assert await eventually(lambda: busy.offered)
+        assert busy.offered == [(3, 9)] and other.offered == []
+        assert reads == [[42]]  # one read, of the accounts with a session here
+        a.offer([(3, 12, [42])], time.time())  # on time: live as before
+        assert busy.offered == [(3, 9), (3, 12)]
+    finally:
+        a.close()
+
+
 class AckStore:
     """Stands for the storage processes: records each ACK batch (its smuids)."""
 

@@ -29,10 +29,12 @@ class Heard:
 
     def __init__(self) -> None:
         self.offered: list[tuple[int, int, list[int]]] = []
+        self.sent_at: list[float | None] = []  # each offer's: None for this process's own
         self.withdrawn: list[tuple[int, int]] = []
 
-    def offer(self, items) -> None:
+    def offer(self, items, sent_at: float | None) -> None:
         self.offered.extend((p, s, list(a)) for p, s, a in items)
+        self.sent_at.append(sent_at)
 
     def withdraw(self, items) -> None:
         self.withdrawn.extend(tuple(i) for i in items)
@@ -55,12 +57,13 @@ async def test_the_group_s_wake_ups_and_withdrawals_reach_the_dispatcher_but_not
         await layer.group_send(DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "me",
                                                 "items": [[1, 8, [42]]]})
         await layer.group_send(DISPATCH_GROUP, {"type": "dispatch.wake", "origin": "other",
-                                                "items": [[3, 9, [42, 43]]]})
+                                                "items": [[3, 9, [42, 43]]], "at": 1234.5})
         await layer.group_send(DISPATCH_GROUP, {"type": "dispatch.withdraw",
                                                 "items": [[42, 7]]})
         assert await eventually(lambda: heard.withdrawn)
         # Its own wake-up was offered when it committed, not again when it came back.
         assert heard.offered == [(3, 9, [42, 43])]
+        assert heard.sent_at == [1234.5]  # when the other process sent it, for the dispatcher
         assert heard.withdrawn == [(42, 7)]
         assert group._has_peers()  # "other" spoke on the group
     finally:
@@ -90,14 +93,18 @@ async def test_a_commit_is_offered_here_and_told_to_the_group_only_with_peers(la
         assert await eventually(lambda: heard.offered)
         await asyncio.sleep(scaled(0.05))  # a quiet window: nothing goes to the group
         assert heard.offered == [(3, 9, [42])]
+        assert heard.sent_at == [None]  # offered here at its commit
         assert [m["type"] for m in sent] == ["dispatch.hello"]  # alone: told nobody
         # Another process says hello: it is answered at once, and hears of commits.
         await real(DISPATCH_GROUP, {"type": "dispatch.hello", "origin": "other"})
         assert await eventually(lambda: len(sent) == 2)
         assert sent[1] == {"type": "dispatch.hello", "origin": "me"}
+        before = time.time()
         group.wake([Published(10, 7, "/t", 3, [42]), Published(11, 8, "/u", 1, [43]),
                     Published(12, 7, "/t", 2, [42]), Published(13, 7, "/t", 2, [])])
         assert await eventually(lambda: len(sent) == 4)
+        # Each stamped with when it was sent (its receivers judge how late it comes).
+        assert all(before <= m["at"] <= time.time() for m in sent[2:])
         wakes = sorted((m["items"] for m in sent[2:]), key=len)
         # One wake-up per topic; a message for nobody is not announced.
         assert wakes == [[[1, 11, [43]]], [[3, 10, [42]], [2, 12, [42]]]]

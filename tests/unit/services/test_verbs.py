@@ -4,6 +4,8 @@ function refusing from a cache gets (``services/freshness``)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from broker.domain.message import DataSection, Message
@@ -52,9 +54,13 @@ def test_one_publish_and_its_ack_commit_and_are_announced_to_the_dispatchers(lay
     root_topic = Topic.objects.get(account=root)
     Subscription.objects.create(account=root, resource="MESSAGE", pattern=root_topic.path)
 
+    before = time.time()
     published = publish_service.publish(request(root.pk, "/verbs", "V1"))
     assert published.accounts == [bob.pk]
     assert Delivery.objects.filter(account=bob, message_id=published.smuid).exists()
+    # Stamped with when it was sent: a dispatcher judges by it how late it comes.
+    stamps = [event.pop("at") for _, event in layer.sent]
+    assert len(stamps) == 1 and before <= stamps[0] <= time.time()
     wake = {"type": "dispatch.wake", "origin": "",
             "items": [[published.priority, published.smuid, [bob.pk]]]}
     assert layer.sent == [(notify.DISPATCH_GROUP, wake)]
@@ -63,6 +69,7 @@ def test_one_publish_and_its_ack_commit_and_are_announced_to_the_dispatchers(lay
     [receipt] = ack_service.ack(ack_service.AckRequest(bob.pk, published.smuid))
     assert receipt.topic_id == root_topic.pk and receipt.accounts == [root.pk]
     assert Delivery.objects.get(account=bob, message_id=published.smuid).state == "acked"
+    assert layer.sent[-1][1].pop("at") >= stamps[0]
     assert layer.sent[-1] == (notify.DISPATCH_GROUP, {
         "type": "dispatch.wake", "origin": "",
         "items": [[receipt.priority, receipt.smuid, [root.pk]]]})
