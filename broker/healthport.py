@@ -70,8 +70,11 @@ class HealthPort:
                 f"Content-Length: {len(data)}\r\nCache-Control: no-store\r\n"
                 "Connection: close\r\n\r\n").encode()
         try:
-            writer.write(head + data)
-            await writer.drain()
+            # A checker that gave up (HAProxy's check timeout on a busy node) reset its
+            # connection: the answer has nowhere to go (uvloop raises on a closed transport).
+            if not writer.transport.is_closing():
+                writer.write(head + data)
+                await writer.drain()
         except ConnectionError:
             pass
         finally:
