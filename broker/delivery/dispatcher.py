@@ -204,7 +204,7 @@ class Dispatcher:
                            "after it was sent): the store is read for their accounts instead",
                            self._late, now - sent_at)
             self._late, self._late_logged = 0, now
-        self.sweeps.read_soon(a for a in accounts if self.sessions.get(a))
+        self.sweeps.read_soon(accounts)  # (it reads for those with a session here then)
 
     def withdraw(self, items: Iterable[tuple[int, int]]) -> None:
         """(account, smuid): queue-mode deliveries the store moved away from the account; its
