@@ -178,7 +178,9 @@ def _quit(conn: Connection) -> None:
         conn.command("QUIT")
 
 
-_OUTPUT = threading.Lock()
+#: Held for each block written; re-entrant so that ``smqp shell`` can hold it around a block
+#: to clear and redraw the line being typed (shell.py).
+OUTPUT = threading.RLock()
 #: Control characters of a message body shown as escapes (a CR would send the cursor back
 #: over the line; an escape sequence would drive the terminal).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -189,7 +191,7 @@ def say(text: str, file=None) -> None:
     reader thread (messages) and its prompt loop (replies) never share a line, so a body is
     never run into the next reply."""
     stream = file if file is not None else sys.stdout
-    with _OUTPUT:
+    with OUTPUT:
         stream.write(text if text.endswith("\n") else text + "\n")
         stream.flush()
 

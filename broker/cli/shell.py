@@ -16,14 +16,14 @@ import queue
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 from broker.smqp.client import NotifyMessage, Reply, ServerAck
 
 from .connection import CLIError, Connection, describe
-from .main import say, show_event, show_message
+from .main import OUTPUT, say, show_event, show_message
 
 HELP = """\
 Type SMQP command lines (LIST TOPIC /, SUBSCRIBE MESSAGE /news, GET MESSAGE /news 1-5 ...).
@@ -46,6 +46,61 @@ COMMANDS = (
 )
 HISTORY = os.path.expanduser("~/.smqp_history")
 HISTORY_LENGTH = 1000
+#: How long output from the server waits for readline to finish writing the prompt. Its
+#: pre-input hook ends the wait; only a readline that never calls the hook waits this long.
+PROMPT_WAIT = 1.0
+
+
+class Prompt:
+    """The prompt line, shared by the prompt loop and the thread that prints what the server
+    sends. ``input()`` writes the prompt and echoes keys outside Python, so a message printed
+    meanwhile would land inside the prompt or the half-typed line. Output from the thread
+    therefore waits while the prompt is being written, and while a line is being edited it
+    clears that line, prints, and writes the prompt and the typed text again below."""
+
+    def __init__(self, text: str, readline: ModuleType | None) -> None:
+        self.text = text
+        # input() uses readline only with a terminal on both ends.
+        usable = (readline is not None and hasattr(readline, "set_pre_input_hook")
+                  and sys.stdin.isatty() and sys.stdout.isatty())
+        self._readline = readline if usable else None
+        self._state = "idle"  # "asking": input() writes the prompt; "editing": keys typed
+        self._changed = threading.Condition(OUTPUT)
+
+    def read(self) -> str:
+        if self._readline is None:
+            return input(self.text)
+        with self._changed:
+            self._state = "asking"
+        self._readline.set_pre_input_hook(self._shown)
+        try:
+            return input(self.text)
+        finally:
+            self._readline.set_pre_input_hook(None)
+            with self._changed:
+                self._state = "idle"
+                self._changed.notify_all()
+
+    def _shown(self) -> None:
+        """readline's pre-input hook: the prompt is on the screen, keys come next."""
+        with self._changed:
+            self._state = "editing"
+            self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def above(self) -> Iterator[None]:
+        """Hold the terminal for a block of output, printed above the line being typed."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._state != "asking",
+                                          timeout=PROMPT_WAIT):
+                self._state = "editing"  # no hook came: take the prompt as written
+            editing = self._readline is not None and self._state == "editing"
+            if editing:
+                sys.stdout.write("\r\x1b[K")  # back to the column 0, the line erased
+            yield
+            if editing:
+                sys.stdout.write(self.text + self._readline.get_line_buffer())
+                sys.stdout.flush()
 
 
 def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], Connection]
@@ -63,6 +118,7 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
     conn = connect(args)
     replies: queue.Queue[Reply | CLIError] = queue.Queue()
     auto_ack = not args.no_auto_ack
+    prompt = Prompt("smqp> ", readline)
     say(f"connected to {args.host}:{args.port} as {conn.guid}; :help for help")
 
     def reader() -> None:
@@ -72,14 +128,14 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
                 if isinstance(event, Reply):
                     replies.put(event)
                 elif isinstance(event, NotifyMessage):
-                    show_message(args, event)
-                    if auto_ack:
-                        conn.ack()
-                        say("(acknowledged)")
-                elif isinstance(event, ServerAck):
-                    continue
-                else:
-                    show_event(args, event)
+                    with prompt.above():
+                        show_message(args, event)
+                        if auto_ack:
+                            conn.ack()
+                            say("(acknowledged)")
+                elif not isinstance(event, ServerAck):
+                    with prompt.above():
+                        show_event(args, event)
         except TimeoutError:
             replies.put(CLIError("no word from the server for an hour", 3))
         except CLIError as exc:
@@ -98,7 +154,7 @@ def run_shell(args: argparse.Namespace, connect: Callable[[argparse.Namespace], 
     try:
         while True:
             try:
-                line = input("smqp> ").strip()
+                line = prompt.read().strip()
             except EOFError:
                 line = ":quit"
             if not line:

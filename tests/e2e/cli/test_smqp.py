@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
+import pyte
 import pytest
 
 from tests.conftest import ROOT, BrokerProcess, fresh_listener, manage_many
@@ -31,7 +32,11 @@ def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
         with Session(b.host, b.port, "root") as root:
             assert root.command("CREATE TOPIC /news").code == 200
         manage_many(b.env, ("grant", "alice", "/news", "publish"),  # one start: ~2 s CPU
-                    ("grant", "bob", "/news", "subscribe"))
+                    ("grant", "bob", "/news", "subscribe"),
+                    ("createaccount", "carol", "--password", "pw"),
+                    ("createaccount", "dave", "--password", "pw"),
+                    ("grant", "carol", "/news", "subscribe"),
+                    ("grant", "dave", "/news", "subscribe"))
         yield b
 
 
@@ -236,6 +241,103 @@ def test_shell_round_trip_under_a_pty(broker, tmp_path):
     # History is kept for the next session.
     history = (tmp_path / ".smqp_history").read_text()
     assert "SUBSCRIBE MESSAGE /news" in history
+
+
+class Terminal:
+    """``smqp shell`` under a pseudo-terminal, its output also rendered on a pyte screen: what
+    the user would see, with the cursor movements and erasures applied."""
+
+    ROWS, COLUMNS = 400, 160  # tall enough that nothing a test checks scrolls away
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.screen = pyte.Screen(self.COLUMNS, self.ROWS)
+        self._stream = pyte.Stream(self.screen)
+        self.child = pexpect.spawn(sys.executable, ["-m", "broker.cli", "shell"], env=env,
+                                   cwd=str(ROOT), encoding="utf-8", timeout=scaled(60),
+                                   dimensions=(self.ROWS, self.COLUMNS))
+        self.child.logfile_read = self  # pexpect hands every read here too
+
+    def write(self, text: str) -> None:
+        self._stream.feed(text)
+
+    def flush(self) -> None:
+        pass
+
+    def rows(self) -> list[str]:
+        """The screen's rows down to the last one written, right-trimmed."""
+        rows = [row.rstrip() for row in self.screen.display]
+        while rows and not rows[-1]:
+            rows.pop()
+        return rows
+
+    def quit(self) -> None:
+        self.child.sendline(":quit")
+        self.child.expect(pexpect.EOF)
+        self.child.close()
+        assert self.child.exitstatus == 0
+
+
+def test_shell_prints_a_message_above_the_line_being_typed(broker, tmp_path):
+    """A message that comes while a line is half typed is printed above that line: the
+    prompt and the typed text are written again below it, and the line goes on as typed."""
+    carol = Terminal(cli_env(broker, "carol", tmp_path))
+    try:
+        carol.child.expect_exact("smqp> ")
+        carol.child.sendline("SUBSCRIBE MESSAGE /news")
+        carol.child.expect_exact("200 /news")
+        carol.child.expect_exact("smqp> ")
+        carol.child.send("LIST TOP")
+        carol.child.expect_exact("LIST TOP")
+        pub = smqp(cli_env(broker, "alice"), "pub", "/news", "came-while-typing")
+        assert pub.returncode == 0, pub.stderr
+        carol.child.expect_exact("(acknowledged)")
+        carol.child.expect_exact("smqp> LIST TOP")  # written again, below the message
+        rows = carol.rows()
+        body = rows.index("came-while-typing")
+        top = max(i for i, row in enumerate(rows[:body]) if row.startswith("── /news  smuid "))
+        assert all(row.startswith("   ") for row in rows[top + 1:body]), rows  # its headers
+        assert rows[body + 1:] == ["(acknowledged)", "smqp> LIST TOP"], rows
+        # The half-typed line was erased before the message, not left above it.
+        assert "smqp> LIST TOP" not in rows[:top], rows
+        assert carol.screen.cursor.x == len("smqp> LIST TOP")  # typing goes on at its end
+        carol.child.send("IC /\r")  # the line readline kept: LIST TOPIC /
+        carol.child.expect(r"\d{3} .*/news")
+        carol.child.expect_exact("smqp> ")
+        carol.quit()
+    finally:
+        carol.child.close()
+
+
+def test_shell_prompt_stays_whole_while_the_backlog_is_printed(broker, tmp_path):
+    """Messages waiting at login are printed while ``input()`` writes the first prompt: the
+    prompt is never split by them (a pty test once read ``kept\\r\\nmqp>``), and every
+    message is shown whole, with the prompt alone on the last row."""
+    with Session(broker.host, broker.port, "dave") as dave:
+        assert dave.command("SUBSCRIBE MESSAGE /news").code == 200
+    bodies = [f"waiting-{i:02}" for i in range(25)]
+    with Session(broker.host, broker.port, "alice") as alice:
+        for body in bodies:
+            assert alice.publish("/news", body).code == 200
+    dave = Terminal(cli_env(broker, "dave", tmp_path))
+    try:
+        dave.child.expect_exact(bodies[-1])  # the last published, shown last
+        dave.child.expect_exact("(acknowledged)")
+        dave.child.sendline("NOOP")
+        dave.child.expect(r"200 .*\r?\n")
+        dave.child.expect_exact("smqp> ")
+        rows = dave.rows()
+        for body in bodies:
+            assert body in rows, rows  # alone on its row: nothing written into it
+        # (dave's new subscription was also sent the messages /news held before)
+        shown = sum(row.startswith("── /news  smuid ") for row in rows)
+        assert shown >= len(bodies) and rows.count("(acknowledged)") == shown, rows
+        prompts = [row for row in rows if "smqp>" in row]
+        # The backlog's prompt, then NOOP's: each printed whole, nothing else on its row.
+        assert prompts[-1] == "smqp>", rows
+        assert all(row in ("smqp>", "smqp> NOOP") for row in prompts), rows
+        dave.quit()
+    finally:
+        dave.child.close()
 
 
 def test_console_script_is_declared():
