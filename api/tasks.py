@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
+
+from broker.celery import app
 
 from .models import IdempotencyKey
 
@@ -20,7 +21,7 @@ def purge_idempotency_keys(now=None, limit: int = 10_000) -> int:
     return IdempotencyKey.objects.filter(pk__in=ids).delete()[0]
 
 
-@shared_task(name="api.purge_idempotency_keys")
+@app.task(name="api.purge_idempotency_keys")
 def purge_idempotency_keys_task() -> int:
     total = 0
     while (done := purge_idempotency_keys()) > 0:

@@ -7,6 +7,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
 django.setup(set_prefix=False)  # as get_asgi_application() does
 
+import broker.celery  # noqa: E402,F401  (the admin's periodic-task form lists its tasks)
 from broker.http import ThreadedASGIHandler  # noqa: E402
 
 django_asgi_app = ThreadedASGIHandler()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 from datetime import date, timedelta
 
-from celery import shared_task
 from django.utils import timezone
+
+from broker.celery import app
 
 from .runner import run_report
 
@@ -15,7 +16,7 @@ logger = logging.getLogger(__name__)
 TASK_NAME = "spark_jobs.nightly_usage_report"
 
 
-@shared_task(name=TASK_NAME)
+@app.task(name=TASK_NAME)
 def nightly_usage_report(day: str | None = None, master: str | None = None) -> str:
     """The report of ``day`` (ISO date; default yesterday, UTC)."""
     when = date.fromisoformat(day) if day else timezone.now().date() - timedelta(days=1)

@@ -280,3 +280,21 @@ def test_the_admin_removes_a_state_message_into_trash(stack):
         trash = root.command(f"GET MESSAGE /state/trash {state}")
         assert trash.code == 200 and trash.lines[-1] == "1 messages", trash
         assert root.command("LIST MESSAGE /state").lines[-1] == str(other)
+
+
+def test_the_report_schedule_form_lists_the_broker_tasks(stack):
+    """The nightly report's schedule (a django-celery-beat PeriodicTask) is edited in the
+    admin: its task list is the broker's Celery tasks, which the web process loads for it (the
+    other processes do not load Celery), and the schedule saves as it stands."""
+    admin = stack.admin()
+    changelist = "/admin/django_celery_beat/periodictask/"
+    found = re.search(rf'href="{changelist}(\d+)/change/[^"]*">Nightly usage report',
+                      admin.get(changelist))
+    assert found, "the nightly report's schedule is not in the admin"
+    page = f"{changelist}{found.group(1)}/change/"
+    options = set(re.findall(r'<option value="([\w.]+)"', admin.get(page)))
+    assert {"spark_jobs.nightly_usage_report", "broker.expire_messages",
+            "api.purge_idempotency_keys"} <= options, options
+    assert admin.fields(page)["task"] == "spark_jobs.nightly_usage_report"
+    url, saved = admin.submit(page)
+    assert url.endswith(changelist), errors_of(saved)
