@@ -11,7 +11,13 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from .runsmqp import PRIVILEGED_PORT_HELP, STORAGE_READY_SECONDS, _BindError, run_event_loop
+from .runsmqp import (
+    PRIVILEGED_PORT_HELP,
+    STORAGE_READY_SECONDS,
+    _BindError,
+    fork_storage_processes,
+    run_event_loop,
+)
 from .runsmqp import Command as SMQPCommand
 
 #: How often the listener forgets ResourceIDs past their retention.
@@ -46,6 +52,7 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from exc
             listeners.append((tls_port, tls_cert, tls_key))
         connection.close()
+        fork_storage_processes()
         try:
             run_event_loop(self._serve(host, listeners, grace))
         except _BindError as failed:

@@ -32,6 +32,15 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
 
 
+def fork_storage_processes() -> None:
+    """Start the storage processes as copies of this process, which has loaded Django, before
+    any thread or event loop runs (:func:`broker.store.lanes.prefork`)."""
+    from broker.services.storage_calls import LISTENER_SIDE
+    from broker.store.lanes import prefork
+
+    prefork(LISTENER_SIDE)
+
+
 logger = logging.getLogger("broker.server")
 
 #: Longest the listener waits for its storage processes before it serves.
@@ -104,6 +113,7 @@ class Command(BaseCommand):
             self.stdout.write(f"Recovered {recovered} ACK(s) from the journals of stopped "
                               f"listeners")
         connection.close()
+        fork_storage_processes()
         try:
             run_event_loop(self._serve(host, listeners, reuse_port, grace, health_port))
         except _BindError as failed:
@@ -124,9 +134,10 @@ class Command(BaseCommand):
         from broker.delivery import shutdown as shutdown_dispatchers
         from broker.store.lanes import StorageLost
 
-        # The dispatcher first: its storage processes load Django (about a second) while
-        # this one loads the rest, and the listener serves once they do. The first publish
-        # after a start would otherwise wait for them, and every publish behind it.
+        # The dispatcher first: it takes the storage processes forked before, or starts
+        # them (they load Django, about a second) while this one loads the rest, and the
+        # listener serves once they answer. The first publish after a start would otherwise
+        # wait for them, and every publish behind it.
         storage = get_dispatcher().storage
         from broker.heap import freeze_startup
         from broker.server import SMQPServer

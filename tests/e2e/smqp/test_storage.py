@@ -30,11 +30,14 @@ def storage_pids(listener_pid: int) -> list[int]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == listener_pid and b"broker.services.storage_calls" in cmdline:
+        # The first ones are forked from the listener and set their title to the command a
+        # restart runs (one string); a restarted one is that command (its arguments apart).
+        if ppid == listener_pid and b" -m broker.services.storage_calls " in \
+                cmdline.replace(b"\0", b" "):
             found.append(int(entry.name))
     return sorted(found)
 
