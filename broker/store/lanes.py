@@ -164,7 +164,7 @@ class Lane:
         forked = _preforked.pop((self.entry, self.name, self.database), None)
         if forked is not None:
             self._process, ours = forked
-            await self._connect(ours)
+            await self._connect(ours, "forked")
             return
         # A process that keeps ending at once (a broken install) is started once a second.
         await asyncio.sleep(max(0.0, self._next_start - loop.time()))
@@ -183,9 +183,9 @@ class Lane:
             raise
         finally:
             theirs.close()
-        await self._connect(ours)
+        await self._connect(ours, "started")
 
-    async def _connect(self, ours: socket.socket) -> None:
+    async def _connect(self, ours: socket.socket, how: str) -> None:
         """Serve the process just started (``self._process``) on our end of its socket."""
         assert self._process is not None
         loop = asyncio.get_running_loop()
@@ -193,7 +193,7 @@ class Lane:
         self._transport = transport  # type: ignore[assignment]
         self._started_at = loop.time()
         self.starts += 1
-        logger.info("storage process %s started (pid %d)", self.name, self._process.pid)
+        logger.info("storage process %s %s (pid %d)", self.name, how, self._process.pid)
 
     def answered(self, call_id: int, ok: bool, value: Any) -> None:
         future = self._waiting.pop(call_id)

@@ -9,6 +9,7 @@ the listener; and one whose listener died must not live on.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -70,6 +71,10 @@ def test_lanes_per_backend(backend, tmp_path):
         want = 1 if backend == "sqlite" else 3
         assert wait_for(lambda: len(storage_pids(broker.proc.pid)) == want), \
             storage_pids(broker.proc.pid)
+        # Forked from the listener, which has loaded Django already: none loads it again.
+        forked = {int(pid) for pid in re.findall(r"storage process \S+ forked \(pid (\d+)\)",
+                                                 broker.log())}
+        assert forked == set(storage_pids(broker.proc.pid)), broker.log()
 
 
 def test_topics_the_listener_changes_are_known_to_the_next_publish(tmp_path):
@@ -116,6 +121,11 @@ def test_a_killed_storage_process_costs_its_batch_only(backend, tmp_path):
         assert after.code == 200, after
         assert broker.alive()
         assert not set(storage_pids(broker.proc.pid)) & set(victims)
+        # Their successors are started with python -m (the forked ones were the first).
+        assert wait_for(lambda: len(storage_pids(broker.proc.pid)) == len(victims))
+        started = {int(pid) for pid in re.findall(
+            r"storage process \S+ started \(pid (\d+)\)", broker.log())}
+        assert set(storage_pids(broker.proc.pid)) <= started, broker.log()
         confirmed = {smuid_of(r) for r in replies if r.code == 200} | {smuid_of(after)}
         received = set()
         while not confirmed <= received:
