@@ -32,6 +32,7 @@ import itertools
 import logging
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -451,6 +452,9 @@ def _serve_forked(entry: str, theirs: socket.socket, ours: list[socket.socket],
     running the listener's exit handlers."""
     code = 1
     try:
+        # As the storage process does once loaded: Ctrl-C reaches the whole process group,
+        # and the listener, which stops first, ends it by closing the socket.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for end in ours:  # the listener's ends: each child sees EOF when the listener ends
             end.close()
         devnull = os.open(os.devnull, os.O_RDONLY)
