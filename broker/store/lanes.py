@@ -251,13 +251,10 @@ class Storage:
     off, or an in-memory database no other process can open) the database threads."""
 
     def __init__(self, calls: StorageCalls) -> None:
-        from django.db import connection
-
         self.calls = calls
         names = lane_names()
         self.apart = bool(names)
-        # The database this process uses, by name: a test's database is not the configured one.
-        database = str(connection.settings_dict["NAME"])
+        database = _database()
         self._publish = Lane("publish", database, calls.entry)
         self._ack = Lane("ack", database, calls.entry) if "ack" in names else self._publish
         # PostgreSQL: a second publish lane, so that one batch's rows are built while the
@@ -377,6 +374,13 @@ def enabled() -> bool:
     return bool(settings.SMQP_STORAGE_PROCESSES) and backend().storage_processes_possible()
 
 
+def _database() -> str:
+    """The database this process uses, by name: a test's database is not the configured one."""
+    from django.db import connection
+
+    return str(connection.settings_dict["NAME"])
+
+
 def lane_names() -> tuple[str, ...]:
     """The storage processes a listener runs, by lane (none when :func:`enabled` is off):
     SQLite one, PostgreSQL two for publishes and one for ACKs (see the module docstring)."""
@@ -434,7 +438,7 @@ def prefork(calls: StorageCalls) -> None:
     if calls.entry is None or threading.active_count() != 1 or any(
             c.connection is not None for c in connections.all(initialized_only=True)):
         return
-    database = str(connections["default"].settings_dict["NAME"])
+    database = _database()
     ends: list[socket.socket] = []
     for name in lane_names():
         ours, theirs = socket.socketpair()

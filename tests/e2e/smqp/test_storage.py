@@ -43,6 +43,12 @@ def storage_pids(listener_pid: int) -> list[int]:
     return sorted(found)
 
 
+def logged_pids(broker, how: str) -> set[int]:
+    """The storage processes the listener's log says it ``forked`` or ``started``."""
+    return {int(pid) for pid in re.findall(rf"storage process \S+ {how} \(pid (\d+)\)",
+                                           broker.log())}
+
+
 def wait_for(condition, timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
@@ -72,9 +78,8 @@ def test_lanes_per_backend(backend, tmp_path):
         assert wait_for(lambda: len(storage_pids(broker.proc.pid)) == want), \
             storage_pids(broker.proc.pid)
         # Forked from the listener, which has loaded Django already: none loads it again.
-        forked = {int(pid) for pid in re.findall(r"storage process \S+ forked \(pid (\d+)\)",
-                                                 broker.log())}
-        assert forked == set(storage_pids(broker.proc.pid)), broker.log()
+        assert logged_pids(broker, "forked") == set(storage_pids(broker.proc.pid)), \
+            broker.log()
 
 
 def test_topics_the_listener_changes_are_known_to_the_next_publish(tmp_path):
@@ -123,9 +128,8 @@ def test_a_killed_storage_process_costs_its_batch_only(backend, tmp_path):
         assert not set(storage_pids(broker.proc.pid)) & set(victims)
         # Their successors are started with python -m (the forked ones were the first).
         assert wait_for(lambda: len(storage_pids(broker.proc.pid)) == len(victims))
-        started = {int(pid) for pid in re.findall(
-            r"storage process \S+ started \(pid (\d+)\)", broker.log())}
-        assert set(storage_pids(broker.proc.pid)) <= started, broker.log()
+        assert set(storage_pids(broker.proc.pid)) <= logged_pids(broker, "started"), \
+            broker.log()
         confirmed = {smuid_of(r) for r in replies if r.code == 200} | {smuid_of(after)}
         received = set()
         while not confirmed <= received:
