@@ -1,7 +1,8 @@
-"""The garbage collector in the broker's long-running processes."""
+"""The garbage collector in the broker's processes."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 
@@ -13,3 +14,12 @@ def freeze_startup() -> None:
     before the process serves."""
     gc.collect()
     gc.freeze()
+
+
+def freeze_at_exit() -> None:
+    """At interpreter exit, put every object out of the collector's reach. The teardown of
+    the modules otherwise runs full collections over all the process holds: 0.2-0.5 s of CPU
+    at each exit of a ``manage.py`` command, the Celery worker or Daphne, seconds on a loaded
+    machine, where a process told to stop must end within its deadline. Reference counting
+    still frees what the teardown releases; the end of the process reclaims the rest."""
+    atexit.register(gc.freeze)
