@@ -171,6 +171,9 @@ def base_env(var_dir: Path, database_url: str) -> dict[str, str]:
         REDIS_URL=os.environ.get("SMQP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"),
         SMQP_CHANNEL_PREFIX=f"smqp-e2e-{uuid.uuid4().hex[:8]}",
         SMQP_CACHE_PREFIX=f"smqp-e2e-{uuid.uuid4().hex[:8]}",
+        # A Celery queue of its own: a test's worker runs its own beat's tasks, not those of
+        # brokers other tests run beside it on the same Redis database.
+        SMQP_CELERY_QUEUE=f"smqp-e2e-{uuid.uuid4().hex[:8]}",
         SMQP_SERVER_CONTEXT="test.example.net",
         SMQP_PBKDF2_ITERATIONS="4096",
         SMQP_SHUTDOWN_GRACE="1",
