@@ -28,12 +28,11 @@ def stop_beat_between_database_calls(sender, **_) -> None:
 @worker_init.connect
 def bound_the_pool_children_wait_at_stop(**_) -> None:
     """A pool child told to stop first waits until the worker has counted the result of its
-    last task: 300 checks 0.1 s apart (billiard). When that task ends in the moment the
-    worker's warm shutdown begins, the worker no longer reads results, and the child waits
-    all 30 s: a worker stopped while tasks flowed took 32 s in 7 stops of 16, past
-    runbroker's deadline. Two seconds still cover a slow worker. A result left unread is
-    not lost: its message, acknowledged only after the task (CELERY_TASK_ACKS_LATE), goes
-    back to the queue, and each task here finds nothing left to do when run twice."""
+    last task, for up to 30 s (billiard: 300 checks 0.1 s apart). A task that ends just as
+    the warm shutdown begins has its result left unread, so the child waits all of it, past
+    runbroker's stop deadline. Two seconds still cover a slow worker. A result left unread
+    is not lost: its message, acknowledged only after the task (CELERY_TASK_ACKS_LATE),
+    goes back to the queue, and each task here finds nothing left to do when run twice."""
     import billiard.pool
 
     billiard.pool.GUARANTEE_MESSAGE_CONSUMPTION_RETRY_LIMIT = 20

@@ -19,7 +19,7 @@ def freeze_startup() -> None:
 def freeze_at_exit() -> None:
     """At interpreter exit, put every object out of the collector's reach. The teardown of
     the modules otherwise runs full collections over all the process holds: 0.2-0.5 s of CPU
-    at each exit of a ``manage.py`` command, the Celery worker or Daphne, seconds on a loaded
+    at each exit of a ``manage.py`` command, the Celery worker or Daphne, more on a loaded
     machine, where a process told to stop must end within its deadline. Reference counting
     still frees what the teardown releases; the end of the process reclaims the rest."""
     atexit.register(gc.freeze)
