@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -35,9 +34,7 @@ def running(keepers: dict[str, subprocess.Popen]) -> list[str]:
 
 
 def test_one_beat_in_the_cluster_taken_over_when_its_node_dies(tmp_path):
-    queue = f"beat-test-{uuid.uuid4().hex[:6]}"
-    with fresh_database("postgres", tmp_path, {"SMQP_LEASE_SECONDS": str(TTL),
-                                                "SMQP_CELERY_QUEUE": queue}) as env:
+    with fresh_database("postgres", tmp_path, {"SMQP_LEASE_SECONDS": str(TTL)}) as env:
         keepers: dict[str, subprocess.Popen] = {}
         try:
             for node in ("n1", "n2"):

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from datetime import UTC, date, datetime
 from pathlib import Path
 
@@ -59,8 +58,7 @@ def wait_for(predicate, timeout: float, what: str, log: Path | None = None):
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("reports-e2e")
     extra = {"SPARK_MASTER": "local[2]", "SMQP_USAGE_RETENTION_DAYS": "100000",
-             "SMQP_REPORTS_DIR": str(base / "reports"),
-             "SMQP_CELERY_QUEUE": f"smqp-test-{uuid.uuid4().hex[:8]}"}
+             "SMQP_REPORTS_DIR": str(base / "reports")}
     with fresh_database("postgres", base, extra) as environment:
         yield environment, base
 

@@ -42,7 +42,6 @@ def env(request, tmp_path):
     """A database of the test's own (each test kills or shares listeners on it), copied from
     a template the setup was run in once per test process."""
     with fresh_database(request.param, tmp_path, setup=SETUP) as environment:
-        environment["SMQP_CELERY_QUEUE"] = f"smqp-test-{uuid.uuid4().hex[:8]}"
         yield environment, tmp_path
 
 

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -157,8 +156,7 @@ def swept(log: str, task: str) -> int:
 @pytest.mark.timeout(300)  # some 40 s each on an idle machine; room for a busy one
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_every_queue_message_is_consumed_exactly_once_across_processes(backend, tmp_path):
-    extra = {"SMQP_REQUEUE_SWEEP_SECONDS": "1", "SMQP_BACKLOG_SWEEP_SECONDS": "2",
-             "SMQP_CELERY_QUEUE": f"smqp-test-{uuid.uuid4().hex[:8]}"}
+    extra = {"SMQP_REQUEUE_SWEEP_SECONDS": "1", "SMQP_BACKLOG_SWEEP_SECONDS": "2"}
     with fresh_database(backend, tmp_path, extra) as env:
         run_manage(env, "shell", "--no-imports", "-c",
                    accounts_script("root", "bob", "alice") + SETUP)
