@@ -497,6 +497,9 @@ CELERY_BEAT_SCHEDULER = os.environ.get(
 # spark://host:7077; the driver's memory (e.g. "4g"; empty: Spark's default).
 SPARK_MASTER = os.environ.get("SPARK_MASTER", "local[*]")
 SPARK_DRIVER_MEMORY = os.environ.get("SPARK_DRIVER_MEMORY", "")
+# Options for the job's JVMs (driver and executors), e.g. "-XX:TieredStopAtLevel=1": only the
+# quick compiler, less CPU for a short job's JIT work (the tests' setting); empty: the JVM's.
+SPARK_JAVA_OPTIONS = os.environ.get("SPARK_JAVA_OPTIONS", "").strip()
 # A day's events are exported here (Parquet) while its report runs, then removed.
 SMQP_REPORTS_DIR = os.environ.get("SMQP_REPORTS_DIR", str(VAR_DIR / "reports"))
 # Raw usage events are deleted this many days after their day, once that day is reported.

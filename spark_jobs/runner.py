@@ -214,7 +214,8 @@ def run_report(day: date, *, master: str | None = None, trigger: str = "manual",
         if own_spark:
             with _stderr_to(spark_log):
                 spark = usage.session(master,
-                                      driver_memory=settings.SPARK_DRIVER_MEMORY or None)
+                                      driver_memory=settings.SPARK_DRIVER_MEMORY or None,
+                                      java_options=settings.SPARK_JAVA_OPTIONS or None)
         watcher = _SparkProgress(spark, detail)
         watcher.start()
         try:

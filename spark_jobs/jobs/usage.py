@@ -39,10 +39,12 @@ TOP = 10
 
 
 def session(master: str = "local[*]", app: str = "smqp-usage-report",
-            shuffle_partitions: int = 8, driver_memory: str | None = None) -> SparkSession:
+            shuffle_partitions: int = 8, driver_memory: str | None = None,
+            java_options: str | None = None) -> SparkSession:
     """A Spark session for the reports: UTC (hours are UTC hours), no web UI and no console
     progress bars, few shuffle partitions (the aggregated data is small; 200 would cost
-    more than the work)."""
+    more than the work). ``java_options`` go to the driver's JVM, which PySpark starts here,
+    and to the executors' (``SPARK_JAVA_OPTIONS``)."""
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per gateway call otherwise
     builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.enabled", "false")
@@ -51,6 +53,9 @@ def session(master: str = "local[*]", app: str = "smqp-usage-report",
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions)))
     if driver_memory:
         builder = builder.config("spark.driver.memory", driver_memory)
+    if java_options:
+        builder = (builder.config("spark.driver.extraJavaOptions", java_options)
+                   .config("spark.executor.extraJavaOptions", java_options))
     return builder.getOrCreate()
 
 

@@ -33,8 +33,12 @@ def cluster():
     reuse = os.environ.get("SMQP_CLUSTER_REUSE") == "1"
     base = Path(os.environ.get("SMQP_CLUSTER_DIR", "/tmp/smqp-cluster-test"))
     # Hashes of the test accounts at the suite's iteration count (tests/settings.py): the
-    # 500-session login storm measures the broker, not a million PBKDF2 rounds each.
-    c = LocalCluster(base, extra_env={"SMQP_PBKDF2_ITERATIONS": "4096"})
+    # 500-session login storm measures the broker, not a million PBKDF2 rounds each. Spark's
+    # JVMs (the report's, the standalone master's and workers') as in the suite's reports.
+    java = os.environ.get("SPARK_JAVA_OPTIONS", "")
+    c = LocalCluster(base, extra_env={"SMQP_PBKDF2_ITERATIONS": "4096",
+                                      "SPARK_JAVA_OPTIONS": java,
+                                      "SPARK_DAEMON_JAVA_OPTS": java})
     if reuse and (base / "state.json").exists():
         c._load()
     else:

@@ -11,6 +11,7 @@ import sys
 from datetime import date, timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from accounts.models import Account, LoginSession
@@ -32,7 +33,8 @@ METRICS = reports_data.METRICS
 def spark():
     from spark_jobs.jobs import usage
 
-    session = usage.session("local[2]", app="smqp-report-tests", shuffle_partitions=4)
+    session = usage.session("local[2]", app="smqp-report-tests", shuffle_partitions=4,
+                            java_options=django_settings.SPARK_JAVA_OPTIONS)
     yield session
     session.stop()
 
@@ -142,6 +144,35 @@ def test_empty_day(spark, tmp_path, settings) -> None:
     assert report is not None and report.state == "done" and report.events == 0
     assert not UsageRow.objects.filter(report=report).exists()  # no rows of zeros
     assert report.sessions_hourly == [0] * 24
+
+
+def test_the_drivers_jvm_runs_with_the_java_options(spark) -> None:
+    """``java_options`` reach the JVM that PySpark starts (SPARK_JAVA_OPTIONS: the tests set
+    the quick compiler only, tests/settings.py)."""
+    options = django_settings.SPARK_JAVA_OPTIONS.split()
+    assert options, "tests/settings.py sets SPARK_JAVA_OPTIONS"
+    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert set(options) <= set(runtime.getInputArguments()), list(runtime.getInputArguments())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_starts_spark_with_the_java_options_setting(tmp_path, settings,
+                                                          monkeypatch) -> None:
+    settings.SMQP_REPORTS_DIR = str(tmp_path)
+    settings.SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -Xss2m"
+    asked: dict[str, object] = {}
+
+    class Started(Exception):
+        pass
+
+    def session(master: str, **kwargs: object) -> None:
+        asked.update(kwargs, master=master)
+        raise Started
+
+    monkeypatch.setattr("spark_jobs.jobs.usage.session", session)
+    with pytest.raises(Started):
+        run_report(date(2022, 6, 6))
+    assert asked["java_options"] == "-XX:TieredStopAtLevel=1 -Xss2m"
 
 
 @pytest.mark.django_db(transaction=True)
