@@ -118,7 +118,8 @@ def test_a_day_not_over_is_refused_or_reported_as_partial(env) -> None:
 def test_a_killed_run_is_taken_over_once_its_heartbeat_is_stale(env) -> None:
     environment, base = env
     seed(environment, KILL_DAY)
-    stale = {**environment, "SMQP_REPORT_STALE_SECONDS": "30"}
+    stale_seconds = round(scaled(15))
+    stale = {**environment, "SMQP_REPORT_STALE_SECONDS": str(stale_seconds)}
     log = base / "killed.log"
     with log.open("w") as handle:
         victim = subprocess.Popen(
@@ -138,9 +139,9 @@ def test_a_killed_run_is_taken_over_once_its_heartbeat_is_stale(env) -> None:
     # While its heartbeat is fresh it is left alone...
     busy = run_manage(stale, "runreport", "--date", str(KILL_DAY))
     assert "already reported or running" in busy.stdout, busy.stdout
-    assert time.monotonic() - killed < 27, "too slow to tell: raise the stale time"
+    assert time.monotonic() - killed < stale_seconds - 3, "too slow to tell: raise the stale time"
     # ... once silent for SMQP_REPORT_STALE_SECONDS, the next run takes it over.
-    time.sleep(max(0.0, killed + 31 - time.monotonic()))
+    time.sleep(max(0.0, killed + stale_seconds + 1 - time.monotonic()))
     out = run_manage(stale, "runreport", "--date", str(KILL_DAY), "--master", "local[2]")
     assert f"taking over the run of {KILL_DAY} by " in out.stdout, out.stdout
     assert f" pid {victim.pid}, silent since " in out.stdout, out.stdout
