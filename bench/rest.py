@@ -63,7 +63,7 @@ def _start_daphne(broker: BrokerEnv, workers: int = 1) -> tuple[list[subprocess.
         log = (broker.var_dir / f"daphne-{i}.log").open("wb")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "daphne", "--fd", str(listener.fileno()),
-             "broker.asgi:application"], env=broker.env, cwd=ROOT, stdout=log,
+             "broker.asgi_server:application"], env=broker.env, cwd=ROOT, stdout=log,
             stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),)))
     listener.close()
     url = f"http://127.0.0.1:{port}"

@@ -64,7 +64,7 @@ def _start_daphne(env: dict[str, str], var_dir: Path) -> tuple[subprocess.Popen,
     port = _free_port()
     log = (var_dir / "daphne.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                             str(port), "broker.asgi:application"],
+                             str(port), "broker.asgi_server:application"],
                             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

@@ -235,14 +235,14 @@ def free_port() -> int:
 @contextmanager
 def daphne(env: dict[str, str], base: Path, log_name: str = "daphne.log",
            timeout: float = 60) -> Iterator[str]:
-    """Daphne serving ``broker.asgi`` (the admin, REST, XMPP), as ``runbroker`` starts it,
+    """Daphne serving ``broker.asgi_server`` (the admin, REST, XMPP), as ``runbroker`` starts it,
     logging to ``base/log_name``; yields its base URL once the admin login page answers."""
     port = free_port()
     log_path = base / log_name
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "broker.asgi:application"],
+             "broker.asgi_server:application"],
             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -42,7 +42,7 @@ SERVICE = "pubsub.localhost"
 
 @contextmanager
 def daphne(env: dict[str, str], base: Path) -> Iterator[str]:
-    """Daphne serving ``broker.asgi`` (as ``runbroker`` does); yields the XMPP endpoint."""
+    """Daphne serving ``broker.asgi_server`` (as ``runbroker`` does); yields the XMPP endpoint."""
     log_name = f"daphne-{uuid.uuid4().hex[:6]}.log"
     with start_daphne(env, base, log_name, timeout=90) as http:
         url = http.replace("http://", "ws://", 1) + "/xmpp-websocket"

@@ -117,7 +117,7 @@ class Command(BaseCommand):
                 python, "-m", "daphne", "-b", opts["http_host"], "-p", str(opts["http_port"]),
                 *(["-e", https_endpoint(opts["http_host"], opts["https_port"])]
                   if settings.SMQP_TLS else []),
-                "broker.asgi:application",
+                "broker.asgi_server:application",
             ],
             "smqp": [
                 *manage, "runsmqp", "--host", opts["smqp_host"], "--port", str(opts["smqp_port"]),

@@ -13,6 +13,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -90,6 +91,23 @@ def pull_until(client: httpx.Client, sub: int, count: int, timeout: float = 30) 
     while len(got) < count and time.monotonic() < deadline:
         got += pull(client, sub, count - len(got), wait=2)
     return got
+
+
+def test_daphnes_storage_processes_are_forked_from_it(stack):
+    """Daphne serves ``broker.asgi_server``, which forks the REST and XMPP doors' storage
+    processes as Daphne imports it: they start with Django loaded, as Daphne's children, and
+    none is started with ``python -m``."""
+    with stack.session() as smqp, stack.client() as root:
+        assert smqp.command("CREATE TOPIC /forked").code == 200  # a topic no other test reads
+        publish(root, "forked", "through a storage process")
+    log = (stack.smqp.var_dir / "daphne.log").read_text()
+    forked = {int(pid) for pid in re.findall(r"storage process \S+ forked \(pid (\d+)\)", log)}
+    assert forked and not re.search(r"storage process \S+ started", log), log[-3000:]
+    daphne_pids = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                   for pid in forked}
+    assert len(daphne_pids) == 1, daphne_pids
+    cmdline = Path(f"/proc/{daphne_pids.pop()}/cmdline").read_bytes().split(b"\0")
+    assert b"daphne" in cmdline and b"broker.asgi_server:application" in cmdline, cmdline
 
 
 def test_a_rest_publish_wakes_an_smqp_subscriber_in_another_process(stack):
