@@ -100,8 +100,8 @@ imports: python-deps
 # The suite, and beside it the cluster's kill and partition tests: a cluster of their own in
 # network namespaces, on addresses, ports and databases the suite does not use. Their output
 # goes to var/cluster-tests.log, printed once both are done. CLUSTER_TESTS=0 leaves them out.
-# The cluster step runs at a lower CPU priority (CLUSTER_NICE): it uses the CPU the suite
-# leaves idle first, so that its ~450 CPU-seconds delay the suite (the longer of the two) less.
+# The cluster step runs at a lower CPU priority (CLUSTER_NICE): the suite, the longer of the
+# two, gets the CPU first, and the cluster step's ~450 CPU-seconds the time the suite leaves idle.
 CLUSTER_TESTS ?= 1
 CLUSTER_NICE ?= 10
 # A run stopped half-way (the trap below) leaves no cluster behind: the next `up` would refuse.
