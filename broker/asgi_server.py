@@ -8,7 +8,7 @@ it again. A process that merely imports :mod:`broker.asgi` (a test's ASGI commun
 check) forks nothing."""
 
 from broker.asgi import application
-from broker.management.commands.runsmqp import fork_storage_processes
+from broker.services.storage_calls import fork_storage_processes
 
 fork_storage_processes()
 

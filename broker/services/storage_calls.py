@@ -19,7 +19,7 @@ from typing import Any
 from broker.domain.message import Message
 from broker.store import worker
 from broker.store.backends import Unsent
-from broker.store.lanes import StorageCalls
+from broker.store.lanes import StorageCalls, prefork
 
 logger = logging.getLogger("broker.services.storage_calls")
 
@@ -124,6 +124,13 @@ def _publish_batch_here(requests: list) -> list:
 LISTENER_SIDE = StorageCalls(entry="broker.services.storage_calls",
                              publish_batch=_publish_batch_here, ack_batch=_ack_batch,
                              restore=restore_sections)
+
+
+def fork_storage_processes() -> None:
+    """Start this process's storage processes as copies of it, which has loaded Django,
+    before any thread or event loop runs (:func:`broker.store.lanes.prefork`): ``runsmqp``,
+    ``runqqp`` and Daphne (:mod:`broker.asgi_server`) call it."""
+    prefork(LISTENER_SIDE)
 
 
 def main(argv: list[str]) -> None:

@@ -15,7 +15,6 @@ from .runsmqp import (
     PRIVILEGED_PORT_HELP,
     STORAGE_READY_SECONDS,
     _BindError,
-    fork_storage_processes,
     run_event_loop,
 )
 from .runsmqp import Command as SMQPCommand
@@ -52,6 +51,8 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from exc
             listeners.append((tls_port, tls_cert, tls_key))
         connection.close()
+        from broker.services.storage_calls import fork_storage_processes
+
         fork_storage_processes()
         try:
             run_event_loop(self._serve(host, listeners, grace))

@@ -32,15 +32,6 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
 
 
-def fork_storage_processes() -> None:
-    """Start the storage processes as copies of this process, which has loaded Django, before
-    any thread or event loop runs (:func:`broker.store.lanes.prefork`)."""
-    from broker.services.storage_calls import LISTENER_SIDE
-    from broker.store.lanes import prefork
-
-    prefork(LISTENER_SIDE)
-
-
 logger = logging.getLogger("broker.server")
 
 #: Longest the listener waits for its storage processes before it serves.
@@ -113,6 +104,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Recovered {recovered} ACK(s) from the journals of stopped "
                               f"listeners")
         connection.close()
+        from broker.services.storage_calls import fork_storage_processes
+
         fork_storage_processes()
         try:
             run_event_loop(self._serve(host, listeners, reuse_port, grace, health_port))
