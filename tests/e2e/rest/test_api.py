@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import run_manage
 from tests.e2e.console.test_admin_services import AdminClient
+from tests.e2e.smqp.test_storage import logged_pids, parent_pid
 from tests.support.api_stack import ApiStack, api_stack
 from tests.support.smqp_session import smuid_of
 from tests.support.timing import scaled
@@ -101,10 +102,9 @@ def test_daphnes_storage_processes_are_forked_from_it(stack):
         assert smqp.command("CREATE TOPIC /forked").code == 200  # a topic no other test reads
         publish(root, "forked", "through a storage process")
     log = (stack.smqp.var_dir / "daphne.log").read_text()
-    forked = {int(pid) for pid in re.findall(r"storage process \S+ forked \(pid (\d+)\)", log)}
-    assert forked and not re.search(r"storage process \S+ started", log), log[-3000:]
-    daphne_pids = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                   for pid in forked}
+    forked = logged_pids(log, "forked")
+    assert forked and not logged_pids(log, "started"), log[-3000:]
+    daphne_pids = {parent_pid(pid) for pid in forked}
     assert len(daphne_pids) == 1, daphne_pids
     cmdline = Path(f"/proc/{daphne_pids.pop()}/cmdline").read_bytes().split(b"\0")
     assert b"daphne" in cmdline and b"broker.asgi_server:application" in cmdline, cmdline

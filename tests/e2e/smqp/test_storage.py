@@ -23,6 +23,11 @@ from tests.support.timing import scaled
 pytestmark = pytest.mark.e2e
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of process ``pid`` (``/proc/<pid>/stat``; OSError once it has gone)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def storage_pids(listener_pid: int) -> list[int]:
     """The storage processes whose parent is ``listener_pid``."""
     found = []
@@ -30,11 +35,10 @@ def storage_pids(listener_pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            ppid = parent_pid(int(entry.name))
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
         # The first ones are forked from the listener and set their title to the command a
         # restart runs (one string); a restarted one is that command (its arguments apart).
         if ppid == listener_pid and b" -m broker.services.storage_calls " in \
@@ -43,10 +47,9 @@ def storage_pids(listener_pid: int) -> list[int]:
     return sorted(found)
 
 
-def logged_pids(broker, how: str) -> set[int]:
-    """The storage processes the listener's log says it ``forked`` or ``started``."""
-    return {int(pid) for pid in re.findall(rf"storage process \S+ {how} \(pid (\d+)\)",
-                                           broker.log())}
+def logged_pids(log: str, how: str) -> set[int]:
+    """The storage processes a server's ``log`` says it ``forked`` or ``started``."""
+    return {int(pid) for pid in re.findall(rf"storage process \S+ {how} \(pid (\d+)\)", log)}
 
 
 def wait_for(condition, timeout: float = 20.0) -> bool:
@@ -78,7 +81,7 @@ def test_lanes_per_backend(backend, tmp_path):
         assert wait_for(lambda: len(storage_pids(broker.proc.pid)) == want), \
             storage_pids(broker.proc.pid)
         # Forked from the listener, which has loaded Django already: none loads it again.
-        assert logged_pids(broker, "forked") == set(storage_pids(broker.proc.pid)), \
+        assert logged_pids(broker.log(), "forked") == set(storage_pids(broker.proc.pid)), \
             broker.log()
 
 
@@ -128,7 +131,7 @@ def test_a_killed_storage_process_costs_its_batch_only(backend, tmp_path):
         assert not set(storage_pids(broker.proc.pid)) & set(victims)
         # Their successors are started with python -m (the forked ones were the first).
         assert wait_for(lambda: len(storage_pids(broker.proc.pid)) == len(victims))
-        assert set(storage_pids(broker.proc.pid)) <= logged_pids(broker, "started"), \
+        assert set(storage_pids(broker.proc.pid)) <= logged_pids(broker.log(), "started"), \
             broker.log()
         confirmed = {smuid_of(r) for r in replies if r.code == 200} | {smuid_of(after)}
         received = set()
