@@ -269,6 +269,9 @@ class SMQPConsumer(LoginCommands, TopicCommands, PublishReplies, DoorConsumer):
         await self._notify(serialize_notify_server_timeout(seconds), activity=False)
 
     async def _close_for_timeout(self, reason: str) -> None:
+        # Logged: a client told 408 otherwise leaves no trace of why its session ended.
+        who = self.account.username if self.account is not None else "not logged in"
+        logger.info("%s (%s): closing, %s timeout", self.peer, who, reason)
         self._out += serialize_reply(408, [f"Request timeout ({reason}); closing"])
         await self.flush(close=True)
 

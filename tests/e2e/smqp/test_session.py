@@ -242,6 +242,7 @@ def test_silent_client_is_closed_after_login_timeout(short_timeout_server):
         rest = c.read_until_closed()
         assert rest.startswith(b"408 "), rest
         assert time.monotonic() - start < 8
+    assert "(not logged in): closing, no login timeout" in short_timeout_server.log()
     with connect(short_timeout_server) as c:
         c.login("bob", "pw")
 
@@ -257,6 +258,8 @@ def test_idle_logged_in_client_is_closed_but_active_one_is_not(short_timeout_ser
             time.sleep(0.5)
         assert idle.read_until_closed().startswith(b"408 ")
         assert active.command("NOOP") == [b"200 OK\r\n"]
+    # Logged before the 408 is written, so it is in the log by now.
+    assert re.search(r"\(bob\): closing, idle timeout", short_timeout_server.log())
 
 
 def test_sigterm_says_bye_and_stops_cleanly(database_urls, tmp_path):
