@@ -29,8 +29,26 @@ def test_sentinel_configuration_of_each_client():
     assert host["sentinel_kwargs"]["password"] == "sp"
     location, options = conf.cache_location_and_options()
     assert location == "sentinel://main/3"
-    assert options["pool_class"] == "broker.redisconf.CacheSentinelPool"
+    assert options["pool_class"] == "broker.redis_sentinel_pool.CacheSentinelPool"
     assert options["password"] == "p@ss"
     url, transport = conf.celery_broker()
     assert url == "sentinel://:p%40ss@s1:26379;sentinel://:p%40ss@s2:26380/3"
     assert transport == {"master_name": "main", "sentinel_kwargs": {"password": "sp"}}
+
+
+def test_cache_pool_class_named_in_the_options_builds_a_sentinel_pool():
+    """What Django's RedisCache does with the options: import the class by its dotted path and
+    call ``from_url(LOCATION, **OPTIONS)``. Building the pool connects to nothing yet."""
+    from django.utils.module_loading import import_string
+    from redis.sentinel import SentinelConnectionPool
+
+    conf = from_environment({"REDIS_URL": "redis://:pw@ignored/5",
+                             "REDIS_SENTINELS": "s1:26379", "REDIS_MASTER_NAME": "main"})
+    location, options = conf.cache_location_and_options()
+    pool_class = import_string(options.pop("pool_class"))
+    pool = pool_class.from_url(location, **options)
+    assert isinstance(pool, SentinelConnectionPool)
+    assert pool.service_name == "main"
+    assert pool.connection_kwargs["db"] == 5
+    assert pool.connection_kwargs["password"] == "pw"
+    assert pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs["host"] == "s1"
