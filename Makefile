@@ -17,6 +17,10 @@ REDIS_URL ?= redis://127.0.0.1:6379/0
 # a module marked xdist_group runs whole on one worker.
 PYTEST_ARGS ?= -n auto --dist loadgroup
 export REDIS_URL
+# A test run starts ~1,500 Python processes: with PYTHONDONTWRITEBYTECODE set (some shells and
+# CI images set it) each compiles again every project module it imports, ~0.3 CPU-s of each
+# Daphne start. The __pycache__ directories it leaves are ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help run test test-fast coverage bench lint ruff imports services postgres browser \
 	xmpp-clients gnupg python-deps clean cluster-deps cluster cluster-stop test-cluster \
