@@ -103,7 +103,14 @@ class Lease:
                 self._until[name] = asked + self.ttl - self.margin
             else:  # the database says another holder has it
                 self._until.pop(name, None)
-        return got
+        # A renewal that waited (on a row lock, a slow database) past its own fence is no
+        # hold: the row's time ran from its transaction's start, so it may have lapsed
+        # already and another node may be taking it. The next renewal decides.
+        held = {name for name in got if self.held(name)}
+        if held != got:
+            logger.warning("lease renewal took %.1f s, past its fence: not holding %s",
+                           time.monotonic() - asked, sorted(got - held))
+        return held
 
     def held(self, name: str) -> bool:
         return time.monotonic() < self._until.get(name, 0.0)

@@ -1,5 +1,6 @@
 """Cluster leases (broker/store/leases.py) on a real database of each backend: one holder at
-a time, renewal by the holder, takeover once it lapses, release, and many takers racing."""
+a time, renewal by the holder, takeover once it lapses, release, many takers racing, and a
+renewal that comes back too late to count."""
 
 from __future__ import annotations
 
@@ -42,6 +43,20 @@ out["lease_gets_free"] = sorted(lease.renew(["x", "race"]))
 out["held_x"] = lease.held("x")
 lease.release()
 out["released"] = "x" not in leases.holders()
+
+# A renewal that comes back after its own fence (it waited on a row lock) holds nothing:
+# the next one decides.
+slow = leases.Lease(ttl=2.0, holder="e")
+real_acquire = leases.acquire
+def waited(*args):
+    time.sleep(slow.ttl)
+    return real_acquire(*args)
+leases.acquire = waited
+out["late_renewal"] = sorted(slow.renew(["y"]))
+out["late_held"] = slow.held("y")
+leases.acquire = real_acquire
+out["next_renewal"] = sorted(slow.renew(["y"]))
+out["next_held"] = slow.held("y")
 print(json.dumps(out))
 """
 
@@ -61,3 +76,5 @@ def test_one_holder_renewal_takeover_release_and_race(backend, tmp_path):
     assert out["race_wins"] == 1
     assert out["lease_gets_free"] == ["x"] and out["held_x"] is True
     assert out["released"] is True
+    assert out["late_renewal"] == [] and out["late_held"] is False
+    assert out["next_renewal"] == ["y"] and out["next_held"] is True
