@@ -1,6 +1,7 @@
 """``manage.py runbeat`` on two nodes of one database: exactly one runs ``celery beat`` (the
 holder of the ``celery-beat`` lease); killed with SIGKILL, its beat dies with it and the other
-node starts beat once the lease lapses; a clean stop hands the lease over at once."""
+node starts beat once the lease lapses; a clean stop hands the lease over at once. A live
+keeper stops its beat when its lease lapses unrenewed or is taken."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, fresh_database, stop_process
+from broker.management.commands.runbeat import LEASE
+from tests.conftest import ROOT, fresh_database, query_database, stop_process
 from tests.support.federation_net import wait_for
 from tests.support.processes import children, cmdline
 from tests.support.timing import scaled
@@ -78,3 +81,80 @@ def test_one_beat_in_the_cluster_taken_over_when_its_node_dies(tmp_path):
         finally:
             for proc in keepers.values():
                 stop_process(proc)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not gone nor a zombie its keeper has yet to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _lines(log: Path, text: str) -> int:
+    return sum(text in line for line in log.read_text().splitlines())
+
+
+def test_beat_stops_when_its_lease_lapses_or_is_taken_while_its_keeper_lives(tmp_path):
+    """The two stops no node death shows: the fence kills beat when a renewal hangs (here
+    on a row lock) past the lease's time, and a renewal that finds the lease taken stops it.
+    Beat starts again only once the lease is truly held again."""
+    import psycopg
+
+    log = tmp_path / "beat-n1.log"
+    with fresh_database("postgres", tmp_path, {"SMQP_LEASE_SECONDS": str(TTL)}) as env:
+        url = env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+        keeper = {"n1": subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runbeat", "--schedule",
+             str(tmp_path / "schedule-n1")], env={**env, "SMQP_NODE_NAME": "n1"}, cwd=ROOT,
+            stdout=log.open("w"), stderr=subprocess.STDOUT)}
+        try:
+            wait_for(lambda: running(keeper), 120, "beat to start")
+            first = beats(keeper)["n1"][0]
+
+            # A renewal stuck on the lease's row: the fence kills beat before the lease's
+            # time is up, though the keeper itself never hears that it lost.
+            with psycopg.connect(url) as locker:
+                locker.execute("SELECT holder FROM broker_cluster_lease WHERE name = %s "
+                               "FOR UPDATE", (LEASE,))
+                wait_for(lambda: _lines(log, "Beat lease lapsed unrenewed") == 1, 60,
+                         "the fence to kill beat")
+                assert not _alive(first) and keeper["n1"].poll() is None
+                # Held past the waiting renewal's own fence, so its answer comes too late.
+                time.sleep(TTL)
+                assert not running(keeper)
+                locker.rollback()
+            # The renewal that waited returns too late to count; the next one starts beat.
+            wait_for(lambda: running(keeper), 60, "beat to start again")
+            second = beats(keeper)["n1"][0]
+            time.sleep(scaled(TTL))
+            assert beats(keeper)["n1"] == [second], "beat restarted again: a stale hold"
+            assert _lines(log, "Beat lease lapsed unrenewed") == 1
+            assert "celery beat exited" not in log.read_text()
+
+            # Another holder takes the lease: the next renewal sees it and stops beat, which
+            # stays stopped while the other holds it.
+            lost = _lines(log, "Beat lease lost: stopping celery beat")
+            with psycopg.connect(url, autocommit=True) as other:
+                other.execute("UPDATE broker_cluster_lease SET holder = 'intruder', "
+                              "expires_at = now() + interval '1 hour' WHERE name = %s",
+                              (LEASE,))
+            wait_for(lambda: _lines(log, "Beat lease lost: stopping celery beat") == lost + 1,
+                     60, "the keeper to stop beat")
+            wait_for(lambda: not _alive(second), 10, "beat to end")
+            time.sleep(scaled(TTL))
+            assert not running(keeper) and keeper["n1"].poll() is None
+
+            # Given back, it is taken again.
+            with psycopg.connect(url, autocommit=True) as other:
+                other.execute("UPDATE broker_cluster_lease SET expires_at = to_timestamp(0) "
+                              "WHERE name = %s", (LEASE,))
+            wait_for(lambda: running(keeper), 60, "beat to start once the lease is free")
+            stop_process(keeper["n1"])
+            assert keeper["n1"].returncode == 0
+            [(holder, released)] = query_database(
+                env, "SELECT holder, expires_at <= to_timestamp(0) FROM broker_cluster_lease "
+                "WHERE name = %s", (LEASE,))
+            assert holder.startswith("n1:") and released
+        finally:
+            stop_process(keeper["n1"])
