@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -19,6 +21,11 @@ from broker.store.leases import Lease
 from .link import LinkConfig, LinkSession
 
 logger = logging.getLogger("broker.federation")
+
+T = TypeVar("T")
+
+#: How often a link's lease is checked while a database call of the supervisor waits.
+FENCE_SECONDS = 0.5
 
 
 def _load() -> list[LinkConfig]:
@@ -71,14 +78,27 @@ class Supervisor:
 
     async def _fence(self) -> None:
         """Stop the links whose lease lapsed unrenewed (another node may run them now)."""
-        for link_id in list(self.sessions):
-            if not self.lease.held(lease_name(link_id)):
-                logger.warning("link %s: lease lapsed; stopping it here", link_id)
-                await self._stop(link_id)
+        lapsed = [link_id for link_id in self.sessions
+                  if not self.lease.held(lease_name(link_id))]
+        for link_id in lapsed:
+            logger.warning("link %s: lease lapsed; stopping it here", link_id)
+        # All at once: a stopped link's last database write waits behind the hung call.
+        await asyncio.gather(*(self._stop(link_id) for link_id in lapsed))
+
+    async def _fenced(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the database thread; while it waits (a database that stopped
+        answering holds it until TCP gives up), the fence stops each link whose lease
+        lapses meanwhile, as runbeat's does for beat."""
+        call = asyncio.ensure_future(dbthread.run(fn, *args))
+        while True:
+            done, _ = await asyncio.wait({call}, timeout=FENCE_SECONDS)
+            if done:
+                return call.result()
+            await self._fence()
 
     async def reconcile(self) -> None:
-        enabled, disabled = await dbthread.run(_read)
-        held = await dbthread.run(self.lease.renew, [lease_name(c.id) for c in enabled])
+        enabled, disabled = await self._fenced(_read)
+        held = await self._fenced(self.lease.renew, [lease_name(c.id) for c in enabled])
         elsewhere = {c.id for c in enabled if lease_name(c.id) not in held}
         configs = {c.id: c for c in enabled if c.id not in elsewhere}
         gone, stopped = [], False

@@ -1,6 +1,7 @@
 """A federation link runs on one node of a cluster: two link supervisors (``runlinks``) on
 A's database, only the holder of the link's lease connects to B; killed with SIGKILL, the
-other takes the link over once the lease lapses, and messages flow again."""
+other takes the link over once the lease lapses, and messages flow again. A link whose lease
+renewal hangs stops before the lease could pass to another node."""
 
 from __future__ import annotations
 
@@ -59,3 +60,35 @@ def test_link_runs_on_the_lease_holder_and_moves_when_it_dies(tmp_path):
         assert len(got) == 3
         bob.close()
         second_node.stop()
+
+
+def test_a_link_stops_while_its_lease_renewal_hangs_and_starts_again_after(tmp_path):
+    """The supervisor's fence: a renewal that hangs (here on the lease row's lock, as on a
+    database that stopped answering) must not keep the link running past its lease, when
+    another node may take it over. It runs again once a renewal holds the lease."""
+    import psycopg
+
+    with prepared("postgres", tmp_path, ("a", "b"),
+                  extra_env={"SMQP_LEASE_SECONDS": str(TTL)}) as domains:
+        a, b = domains["a"], domains["b"]
+        a.start_listener()
+        b.start_listener()
+        a.shell(LINK.format(links=[("b", b.host, b.port, "a")]))
+        a.start_links()
+        assert a.links is not None and a.links_log is not None
+        pid = a.links.pid
+        wait_for(lambda: pid in connected_pids(b.port), 60, "the link to connect to B")
+        [(link_id,)] = a.sql("SELECT id FROM broker_link WHERE name = ?", ("b",))
+        url = a.env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+        with psycopg.connect(url) as locker:
+            locker.execute("SELECT holder FROM broker_cluster_lease WHERE name = %s "
+                           "FOR UPDATE", (f"link:{link_id}",))
+            locked_at = time.monotonic()
+            wait_for(lambda: pid not in connected_pids(b.port), 30, "the link to stop")
+            print(f"link stopped {time.monotonic() - locked_at:.1f} s after its renewal hung "
+                  f"(lease {TTL} s)")
+            assert "lease lapsed; stopping it here" in a.links_log.read_text()
+            time.sleep(TTL)  # past the hung renewal's own fence: it stays stopped
+            assert pid not in connected_pids(b.port) and a.links.poll() is None
+            locker.rollback()
+        wait_for(lambda: pid in connected_pids(b.port), 60, "the link to run again")
