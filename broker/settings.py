@@ -230,7 +230,7 @@ CHANNEL_LAYERS = {
 }
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "broker.redis_cache.RedisCache",
         "LOCATION": _cache_location,
         "KEY_PREFIX": os.environ.get("SMQP_CACHE_PREFIX", "smqp"),
         **({"OPTIONS": _cache_options} if _cache_options else {}),
