@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.federation.test_triangle import publish, subscribe, wait_subscribed
-from tests.support.federation_net import LINK, prepared, wait_for
+from tests.support.federation_net import LINK, Domain, prepared, wait_for
 from tests.support.processes import connected_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -19,13 +22,20 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 TTL = 3.0
 
 
-def test_link_runs_on_the_lease_holder_and_moves_when_it_dies(tmp_path):
-    with prepared("postgres", tmp_path, ("a", "b"),
+@contextmanager
+def linked(base: Path) -> Iterator[tuple[Domain, Domain]]:
+    """Listeners of A and B (PostgreSQL, lease TTL), and A's link ``b`` to B, not yet run."""
+    with prepared("postgres", base, ("a", "b"),
                   extra_env={"SMQP_LEASE_SECONDS": str(TTL)}) as domains:
         a, b = domains["a"], domains["b"]
         a.start_listener()
         b.start_listener()
         a.shell(LINK.format(links=[("b", b.host, b.port, "a")]))
+        yield a, b
+
+
+def test_link_runs_on_the_lease_holder_and_moves_when_it_dies(tmp_path):
+    with linked(tmp_path) as (a, b):
         first = a
         first.start_links()
         # A second supervisor on A's database: a second node of A's cluster.
@@ -68,12 +78,7 @@ def test_a_link_stops_while_its_lease_renewal_hangs_and_starts_again_after(tmp_p
     another node may take it over. It runs again once a renewal holds the lease."""
     import psycopg
 
-    with prepared("postgres", tmp_path, ("a", "b"),
-                  extra_env={"SMQP_LEASE_SECONDS": str(TTL)}) as domains:
-        a, b = domains["a"], domains["b"]
-        a.start_listener()
-        b.start_listener()
-        a.shell(LINK.format(links=[("b", b.host, b.port, "a")]))
+    with linked(tmp_path) as (a, b):
         a.start_links()
         assert a.links is not None and a.links_log is not None
         pid = a.links.pid
