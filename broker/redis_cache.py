@@ -5,7 +5,8 @@ Django's ``RedisCacheClient.get_client`` builds a ``redis.Redis`` on each ``get`
 and each build fills that client's table of several hundred reply callbacks: about a tenth
 of the listener's CPU per SMQP login went there (its throttle, session and snapshot-cache
 calls). A redis-py client is safe to share between threads (each command takes a
-connection from the pool), and the pools are Django's own, kept per process as before.
+connection from the pool); the pools are Django's own, kept as before (per backend
+instance, which Django's cache handler makes per thread).
 """
 
 from __future__ import annotations
