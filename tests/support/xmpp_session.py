@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import itertools
+import select
+import ssl
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -118,6 +120,26 @@ class XmppSession:
         element = ET.fromstring(data)
         self.frames.append(element)
         return element
+
+    def keepalive(self) -> None:
+        """Read what has arrived, without waiting for more: websocket-client answers the
+        server's pings only while it reads, and Daphne drops a stream whose ping goes
+        unanswered for 30 s. A test that leaves this stream idle while it works elsewhere
+        calls this now and then; the frames read wait in ``pending`` for an ``expect``."""
+        sock = self.ws.sock
+        while ((isinstance(sock, ssl.SSLSocket) and sock.pending())
+               or select.select([sock], [], [], 0)[0]):
+            self.ws.settimeout(scaled(self.timeout))
+            try:
+                opcode, data = self.ws.recv_data(control_frame=True)
+            except (websocket.WebSocketConnectionClosedException, ConnectionError) as exc:
+                raise StreamEnded(str(exc)) from exc
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                raise StreamEnded("websocket closed")
+            if opcode not in (websocket.ABNF.OPCODE_PING, websocket.ABNF.OPCODE_PONG):
+                element = ET.fromstring(data)
+                self.frames.append(element)
+                self.pending.append(element)
 
     def expect(self, match: Callable[[ET.Element], bool], timeout: float | None = None,
                what: str = "frame") -> ET.Element:
