@@ -108,15 +108,22 @@ class XmppSession:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise websocket.WebSocketTimeoutException("no frame within the timeout")
-            self.ws.settimeout(left)
-            try:
-                opcode, data = self.ws.recv_data(control_frame=True)
-            except (websocket.WebSocketConnectionClosedException, ConnectionError) as exc:
-                raise StreamEnded(str(exc)) from exc
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                raise StreamEnded("websocket closed")
-            if opcode not in (websocket.ABNF.OPCODE_PING, websocket.ABNF.OPCODE_PONG):
-                break  # a ping was answered by recv_data already
+            element = self._frame(left)
+            if element is not None:
+                return element
+
+    def _frame(self, timeout: float) -> ET.Element | None:
+        """One WebSocket frame: its element, or None for a ping (answered by recv_data
+        already) or a pong."""
+        self.ws.settimeout(timeout)
+        try:
+            opcode, data = self.ws.recv_data(control_frame=True)
+        except (websocket.WebSocketConnectionClosedException, ConnectionError) as exc:
+            raise StreamEnded(str(exc)) from exc
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            raise StreamEnded("websocket closed")
+        if opcode in (websocket.ABNF.OPCODE_PING, websocket.ABNF.OPCODE_PONG):
+            return None
         element = ET.fromstring(data)
         self.frames.append(element)
         return element
@@ -129,16 +136,8 @@ class XmppSession:
         sock = self.ws.sock
         while ((isinstance(sock, ssl.SSLSocket) and sock.pending())
                or select.select([sock], [], [], 0)[0]):
-            self.ws.settimeout(scaled(self.timeout))
-            try:
-                opcode, data = self.ws.recv_data(control_frame=True)
-            except (websocket.WebSocketConnectionClosedException, ConnectionError) as exc:
-                raise StreamEnded(str(exc)) from exc
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                raise StreamEnded("websocket closed")
-            if opcode not in (websocket.ABNF.OPCODE_PING, websocket.ABNF.OPCODE_PONG):
-                element = ET.fromstring(data)
-                self.frames.append(element)
+            element = self._frame(scaled(self.timeout))
+            if element is not None:
                 self.pending.append(element)
 
     def expect(self, match: Callable[[ET.Element], bool], timeout: float | None = None,
