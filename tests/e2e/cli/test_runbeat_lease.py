@@ -119,7 +119,9 @@ def test_beat_stops_when_its_lease_lapses_or_is_taken_while_its_keeper_lives(tmp
                                "FOR UPDATE", (LEASE,))
                 wait_for(lambda: _lines(log, "Beat lease lapsed unrenewed") == 1, 60,
                          "the fence to kill beat")
-                assert not _alive(first) and keeper["n1"].poll() is None
+                # The fence says so just before its kill lands.
+                wait_for(lambda: not _alive(first), 10, "the fenced beat to end")
+                assert keeper["n1"].poll() is None
                 # Held past the waiting renewal's own fence, so its answer comes too late.
                 time.sleep(TTL)
                 assert not running(keeper)
