@@ -156,10 +156,35 @@ def query_database(env: dict[str, str], sql: str, params: tuple = ()) -> list[tu
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"),
                                                 timeout=scaled(30))) as conn:
             return conn.execute(sql.replace("%s", "?"), params).fetchall()
+    with _postgres(env) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _postgres(env: dict[str, str], autocommit: bool = False):
+    """A psycopg connection to the PostgreSQL database of ``env``."""
     import psycopg
 
-    with psycopg.connect(url.replace("postgres://", "postgresql://", 1)) as conn:
-        return conn.execute(sql, params).fetchall()
+    url = env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+    return psycopg.connect(url, autocommit=autocommit)
+
+
+def execute_database(env: dict[str, str], sql: str, params: tuple = ()) -> None:
+    """One statement that returns no rows (an UPDATE), committed, on PostgreSQL."""
+    with _postgres(env, autocommit=True) as conn:
+        conn.execute(sql, params)
+
+
+@contextmanager
+def rows_locked(env: dict[str, str], sql: str, params: tuple = ()) -> Iterator[None]:
+    """The rows a ``SELECT ... FOR UPDATE`` picks on the PostgreSQL database of ``env``,
+    locked by a connection of this process until the block ends: a server's UPDATE of them
+    hangs meanwhile, as on a database that stopped answering."""
+    with _postgres(env) as conn:
+        conn.execute(sql, params)
+        try:
+            yield
+        finally:
+            conn.rollback()
 
 
 def base_env(var_dir: Path, database_url: str) -> dict[str, str]:

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from broker.management.commands.runbeat import LEASE
-from tests.conftest import ROOT, fresh_database, query_database, stop_process
+from tests.conftest import (
+    ROOT,
+    execute_database,
+    fresh_database,
+    query_database,
+    rows_locked,
+    stop_process,
+)
 from tests.support.federation_net import wait_for
 from tests.support.processes import children, cmdline
 from tests.support.timing import scaled
@@ -99,11 +106,8 @@ def test_beat_stops_when_its_lease_lapses_or_is_taken_while_its_keeper_lives(tmp
     """The two stops no node death shows: the fence kills beat when a renewal hangs (here
     on a row lock) past the lease's time, and a renewal that finds the lease taken stops it.
     Beat starts again only once the lease is truly held again."""
-    import psycopg
-
     log = tmp_path / "beat-n1.log"
     with fresh_database("postgres", tmp_path, {"SMQP_LEASE_SECONDS": str(TTL)}) as env:
-        url = env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
         keeper = {"n1": subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "runbeat", "--schedule",
              str(tmp_path / "schedule-n1")], env={**env, "SMQP_NODE_NAME": "n1"}, cwd=ROOT,
@@ -114,9 +118,8 @@ def test_beat_stops_when_its_lease_lapses_or_is_taken_while_its_keeper_lives(tmp
 
             # A renewal stuck on the lease's row: the fence kills beat before the lease's
             # time is up, though the keeper itself never hears that it lost.
-            with psycopg.connect(url) as locker:
-                locker.execute("SELECT holder FROM broker_cluster_lease WHERE name = %s "
-                               "FOR UPDATE", (LEASE,))
+            with rows_locked(env, "SELECT holder FROM broker_cluster_lease WHERE name = %s "
+                             "FOR UPDATE", (LEASE,)):
                 wait_for(lambda: _lines(log, "Beat lease lapsed unrenewed") == 1, 60,
                          "the fence to kill beat")
                 # The fence says so just before its kill lands.
@@ -125,7 +128,6 @@ def test_beat_stops_when_its_lease_lapses_or_is_taken_while_its_keeper_lives(tmp
                 # Held past the waiting renewal's own fence, so its answer comes too late.
                 time.sleep(TTL)
                 assert not running(keeper)
-                locker.rollback()
             # The renewal that waited returns too late to count; the next one starts beat.
             wait_for(lambda: running(keeper), 60, "beat to start again")
             second = beats(keeper)["n1"][0]
@@ -137,10 +139,8 @@ def test_beat_stops_when_its_lease_lapses_or_is_taken_while_its_keeper_lives(tmp
             # Another holder takes the lease: the next renewal sees it and stops beat, which
             # stays stopped while the other holds it.
             lost = _lines(log, "Beat lease lost: stopping celery beat")
-            with psycopg.connect(url, autocommit=True) as other:
-                other.execute("UPDATE broker_cluster_lease SET holder = 'intruder', "
-                              "expires_at = now() + interval '1 hour' WHERE name = %s",
-                              (LEASE,))
+            execute_database(env, "UPDATE broker_cluster_lease SET holder = 'intruder', "
+                             "expires_at = now() + interval '1 hour' WHERE name = %s", (LEASE,))
             wait_for(lambda: _lines(log, "Beat lease lost: stopping celery beat") == lost + 1,
                      60, "the keeper to stop beat")
             wait_for(lambda: not _alive(second), 10, "beat to end")
@@ -148,9 +148,8 @@ def test_beat_stops_when_its_lease_lapses_or_is_taken_while_its_keeper_lives(tmp
             assert not running(keeper) and keeper["n1"].poll() is None
 
             # Given back, it is taken again.
-            with psycopg.connect(url, autocommit=True) as other:
-                other.execute("UPDATE broker_cluster_lease SET expires_at = to_timestamp(0) "
-                              "WHERE name = %s", (LEASE,))
+            execute_database(env, "UPDATE broker_cluster_lease SET expires_at = "
+                             "to_timestamp(0) WHERE name = %s", (LEASE,))
             wait_for(lambda: running(keeper), 60, "beat to start once the lease is free")
             stop_process(keeper["n1"])
             assert keeper["n1"].returncode == 0

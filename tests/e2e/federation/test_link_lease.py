@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import rows_locked
 from tests.e2e.federation.test_triangle import publish, subscribe, wait_subscribed
 from tests.support.federation_net import LINK, Domain, prepared, wait_for
 from tests.support.processes import connected_pids
@@ -76,18 +77,14 @@ def test_a_link_stops_while_its_lease_renewal_hangs_and_starts_again_after(tmp_p
     """The supervisor's fence: a renewal that hangs (here on the lease row's lock, as on a
     database that stopped answering) must not keep the link running past its lease, when
     another node may take it over. It runs again once a renewal holds the lease."""
-    import psycopg
-
     with linked(tmp_path) as (a, b):
         a.start_links()
         assert a.links is not None and a.links_log is not None
         pid = a.links.pid
         wait_for(lambda: pid in connected_pids(b.port), 60, "the link to connect to B")
         [(link_id,)] = a.sql("SELECT id FROM broker_link WHERE name = ?", ("b",))
-        url = a.env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
-        with psycopg.connect(url) as locker:
-            locker.execute("SELECT holder FROM broker_cluster_lease WHERE name = %s "
-                           "FOR UPDATE", (f"link:{link_id}",))
+        with rows_locked(a.env, "SELECT holder FROM broker_cluster_lease WHERE name = %s "
+                         "FOR UPDATE", (f"link:{link_id}",)):
             locked_at = time.monotonic()
             wait_for(lambda: pid not in connected_pids(b.port), 30, "the link to stop")
             print(f"link stopped {time.monotonic() - locked_at:.1f} s after its renewal hung "
@@ -95,5 +92,4 @@ def test_a_link_stops_while_its_lease_renewal_hangs_and_starts_again_after(tmp_p
             assert "lease lapsed; stopping it here" in a.links_log.read_text()
             time.sleep(TTL)  # past the hung renewal's own fence: it stays stopped
             assert pid not in connected_pids(b.port) and a.links.poll() is None
-            locker.rollback()
         wait_for(lambda: pid in connected_pids(b.port), 60, "the link to run again")
