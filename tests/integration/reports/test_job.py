@@ -37,6 +37,17 @@ def spark():
                             java_options=django_settings.SPARK_JAVA_OPTIONS)
     yield session
     session.stop()
+    # PySpark keeps its gateway JVM for a later session, which this test process never asks
+    # for: left running, it cost ~1 CPU-s a minute for the rest of the run. Its gateway
+    # server exits at the end of its stdin.
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()
+        gateway.proc.wait(timeout=scaled(60))
+        SparkContext._gateway = SparkContext._jvm = None
 
 
 def _setup_day(publishes: int = 600, seed: int = 25) -> tuple[list, dict[int, str], int, int]:
