@@ -252,9 +252,19 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different free ports on loopback, for one test's servers. All are bound at
+    once: the kernel may hand out a port again as soon as its socket is closed, and a loaded
+    run once gave runbroker the same port for HTTP and SMQP (Daphne: "Address already in
+    use")."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 @contextmanager

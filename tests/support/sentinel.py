@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import free_port
+from tests.conftest import free_ports
 from tests.support.timing import scaled
 
 
@@ -56,8 +56,8 @@ def _wait_port(port: int, timeout: float = 20) -> None:
 def sentinel_set(base: Path, master_name: str = "smqp") -> Iterator[SentinelSet]:
     server = shutil.which("redis-server")
     assert server, "redis-server is needed (make services installs it)"
-    ports = [free_port(), free_port()]
-    s_ports = [free_port() for _ in range(3)]
+    every = free_ports(5)
+    ports, s_ports = every[:2], every[2:]
     result = SentinelSet(master_name, [("127.0.0.1", p) for p in s_ports], ports)
     with ExitStack() as stack:
         def start(port: int, argv: list[str]) -> None:

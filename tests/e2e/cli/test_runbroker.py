@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import (
     ROOT,
     base_env,
-    free_port,
+    free_ports,
 )
 from tests.support.smqp_client import RawClient
 from tests.support.timing import scaled
@@ -40,12 +40,12 @@ def wait_for(predicate, timeout: float, what: str):
 
 def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_path):
     env = base_env(tmp_path, database_urls["sqlite"])
-    http_port, smqp_port = free_port(), free_port()
+    http_port, smqp_port, qqp_port = free_ports(3)
     log_path = tmp_path / "runbroker.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "runbroker", "--http-port", str(http_port),
-             "--smqp-port", str(smqp_port), "--qqp-port", str(free_port())],
+             "--smqp-port", str(smqp_port), "--qqp-port", str(qqp_port)],
             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
     try:
@@ -99,9 +99,10 @@ def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        http_port, qqp_port = free_ports(2)
         result = subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), "runbroker", "--smqp-port", str(port),
-             "--http-port", str(free_port()), "--qqp-port", str(free_port())],
+             "--http-port", str(http_port), "--qqp-port", str(qqp_port)],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(60),
         )
     assert result.returncode != 0
@@ -124,9 +125,9 @@ def test_ctrl_c_stops_every_child_cleanly(database_urls, tmp_path, when):
     """Issue 36 item 11: Ctrl-C (SIGINT to the process group), while the children are still
     starting or once all run, stops them all: no traceback, none killed, and the start-up
     hints name the ports configured (here through the environment), not the defaults."""
-    ports = {name: free_port() for name in ("HTTP_PORT", "SMQP_PORT", "SMQP_QQP_PORT",
-                                            "SMQP_TLS_PORT", "SMQP_HTTPS_PORT",
-                                            "SMQP_QQP_TLS_PORT")}
+    names = ("HTTP_PORT", "SMQP_PORT", "SMQP_QQP_PORT", "SMQP_TLS_PORT", "SMQP_HTTPS_PORT",
+             "SMQP_QQP_TLS_PORT")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     env = {**base_env(tmp_path, database_urls["sqlite"]),
            **{k: str(v) for k, v in ports.items()}}
     proc, log_path = _start_in_terminal_group(env, tmp_path)

@@ -33,7 +33,7 @@ import trustme
 from tests.conftest import (
     ROOT,
     accounts_script,
-    free_port,
+    free_ports,
     fresh_database,
     run_manage,
     stop_process,
@@ -538,7 +538,8 @@ def test_runbroker_serves_https_and_wss_with_the_smqps_certificate(tls_env, ca) 
     """With SMQP_TLS_CERT set, runbroker's Daphne serves the admin over HTTPS (TLS 1.2+) and
     the XMPP door over wss:// with the same certificate, beside plain HTTP."""
     env, base = tls_env
-    ports = {name: free_port() for name in ("http", "https", "smqp", "smqps", "qqp", "qqps")}
+    names = ("http", "https", "smqp", "smqps", "qqp", "qqps")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     log_path = base / f"runbroker-{uuid.uuid4().hex[:6]}.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
