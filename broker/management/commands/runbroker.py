@@ -81,6 +81,20 @@ class _Restarts:
         return names
 
 
+WILDCARDS = {"", "0.0.0.0", "::"}
+
+
+def _refuse_shared_ports(doors: list[tuple[str, str, int]]) -> None:
+    """Two doors given one port would each pass the bind check alone; the second to start
+    would then fail and be restarted until runbroker gives up. Refused before anything starts."""
+    for i, (door, host, port) in enumerate(doors):
+        for other, other_host, other_port in doors[i + 1:]:
+            if port and port == other_port and (
+                    host == other_host or {host, other_host} & WILDCARDS):
+                raise CommandError(f"{door} and {other} are both given port {port}: "
+                                   "give each door a port of its own.")
+
+
 class Command(BaseCommand):
     help = ("Run Daphne, the SMQP listener, the QQP listener, a Celery worker and Celery beat "
             "together.")
@@ -101,14 +115,17 @@ class Command(BaseCommand):
         parser.add_argument("--no-celery", action="store_true", help="Start no Celery processes.")
 
     def handle(self, *args, **opts) -> None:
-        if settings.SMQP_PLAIN:
-            self._check_bind(opts["smqp_host"], opts["smqp_port"])
-        if settings.SMQP_TLS:
-            self._check_bind(opts["smqp_host"], opts["smqp_tls_port"])
-        self._check_bind(opts["http_host"], opts["http_port"])
-        if settings.SMQP_TLS:
-            self._check_bind(opts["http_host"], opts["https_port"])
-        self._check_bind(opts["smqp_host"], opts["qqp_port"])
+        doors = [(door, host, port) for door, host, port, served in (
+            ("SMQP", opts["smqp_host"], opts["smqp_port"], settings.SMQP_PLAIN),
+            ("SMQPS", opts["smqp_host"], opts["smqp_tls_port"], settings.SMQP_TLS),
+            ("HTTP", opts["http_host"], opts["http_port"], True),
+            ("HTTPS", opts["http_host"], opts["https_port"], settings.SMQP_TLS),
+            ("QQP", opts["smqp_host"], opts["qqp_port"], True),
+            ("QQPS", opts["smqp_host"], settings.SMQP_QQP_TLS_PORT, settings.SMQP_TLS),
+        ) if served]
+        _refuse_shared_ports(doors)
+        for _door, host, port in doors:
+            self._check_bind(host, port)
         python = sys.executable
         manage = [python, str(settings.BASE_DIR / "manage.py")]
         beat_schedule = str(settings.VAR_DIR / "celerybeat-schedule")
@@ -138,6 +155,7 @@ class Command(BaseCommand):
             children["celery-beat"] = [*manage, "runbeat", "--schedule", beat_schedule]
         procs: dict[str, subprocess.Popen] = {}
         stopping = False
+        failed = ""  # the child that kept exiting, when that is why the broker stops
 
         def request_stop(signum, frame) -> None:
             nonlocal stopping
@@ -190,9 +208,9 @@ class Command(BaseCommand):
                             self.stderr.write(f"{name} exited with status {proc.returncode}; "
                                               f"starting it again in {RESTART_DELAY:.0f} s")
                         else:
-                            self.stderr.write(
-                                f"{name} exited with status {proc.returncode}, "
-                                f"{RESTART_BURST} times in {RESTART_WINDOW:.0f} s: stopping")
+                            failed = (f"{name} exited with status {proc.returncode}, "
+                                      f"{RESTART_BURST} times in {RESTART_WINDOW:.0f} s")
+                            self.stderr.write(f"{failed}: stopping")
                             stopping = True
                             break
                 for name in restarts.due(time.monotonic()):
@@ -201,6 +219,9 @@ class Command(BaseCommand):
                 time.sleep(0.2)
         finally:
             self._stop_all(procs)
+        if failed:
+            # Not a clean stop: a service manager restarts (or reports) a failed broker.
+            raise CommandError(f"the broker stopped because {failed}")
 
     def _stop_all(self, procs: dict[str, subprocess.Popen]) -> None:
         for proc in procs.values():

@@ -109,6 +109,46 @@ def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
     assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
+def test_runbroker_refuses_one_port_for_two_doors(database_urls, tmp_path):
+    """Each door's port is free alone, but HTTP and QQP are given the same one: refused
+    before any child starts, naming both doors (not Daphne restarted on "Address already in
+    use" until runbroker gives up)."""
+    env = base_env(tmp_path, database_urls["sqlite"])
+    smqp_port, shared = free_ports(2)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "runbroker", "--smqp-port", str(smqp_port),
+         "--http-port", str(shared), "--qqp-port", str(shared)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(60),
+    )
+    assert result.returncode != 0
+    assert f"HTTP and QQP are both given port {shared}" in result.stderr, result.stderr
+    assert "started" not in result.stdout, result.stdout
+
+
+def test_runbroker_exits_with_an_error_when_a_child_keeps_failing(database_urls, tmp_path):
+    """A certificate that cannot be loaded: every TLS door's child exits at start, is started
+    again, and after its fifth exit within the window runbroker stops every child and exits
+    non-zero, as a service manager must see a failed broker (it exited 0)."""
+    (tmp_path / "broken.pem").write_text("not a certificate\n")
+    names = ("--http-port", "--https-port", "--smqp-port", "--smqp-tls-port", "--qqp-port")
+    ports = free_ports(len(names) + 1)
+    env = {**base_env(tmp_path, database_urls["sqlite"]),
+           "SMQP_TLS_CERT": str(tmp_path / "broken.pem"),
+           "SMQP_TLS_KEY": str(tmp_path / "broken.pem"), "SMQP_QQP_TLS_PORT": str(ports[-1])}
+    args = [str(value) for pair in zip(names, ports, strict=False) for value in pair]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "runbroker", "--no-celery", *args],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(120),
+    )
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert re.search(r"the broker stopped because \S+ exited with status 1, 5 times in 60 s",
+                     result.stderr), result.stderr
+    assert result.stdout.rstrip().endswith("Broker stopped."), result.stdout
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1)
+
+
 def _start_in_terminal_group(env, tmp_path, *args):
     """runbroker as a shell starts it: the leader of the terminal's foreground process group,
     which the terminal's Ctrl-C (SIGINT) reaches as a whole."""
