@@ -93,6 +93,13 @@ def test_runbroker_serves_admin_and_smqp_and_stops_cleanly(database_urls, tmp_pa
             socket.create_connection(("127.0.0.1", port), timeout=1)
 
 
+def _runbroker_until_it_exits(env: dict[str, str], *args: object,
+                              timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "runbroker", *map(str, args)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(timeout))
+
+
 def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
     env = base_env(tmp_path, database_urls["sqlite"])
     with socket.socket() as busy:
@@ -100,11 +107,8 @@ def test_runbroker_refuses_a_port_in_use(database_urls, tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         http_port, qqp_port = free_ports(2)
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), "runbroker", "--smqp-port", str(port),
-             "--http-port", str(http_port), "--qqp-port", str(qqp_port)],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(60),
-        )
+        result = _runbroker_until_it_exits(env, "--smqp-port", port, "--http-port", http_port,
+                                           "--qqp-port", qqp_port)
     assert result.returncode != 0
     assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr
 
@@ -115,11 +119,8 @@ def test_runbroker_refuses_one_port_for_two_doors(database_urls, tmp_path):
     use" until runbroker gives up)."""
     env = base_env(tmp_path, database_urls["sqlite"])
     smqp_port, shared = free_ports(2)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "runbroker", "--smqp-port", str(smqp_port),
-         "--http-port", str(shared), "--qqp-port", str(shared)],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(60),
-    )
+    result = _runbroker_until_it_exits(env, "--smqp-port", smqp_port, "--http-port", shared,
+                                       "--qqp-port", shared)
     assert result.returncode != 0
     assert f"HTTP and QQP are both given port {shared}" in result.stderr, result.stderr
     assert "started" not in result.stdout, result.stdout
@@ -135,11 +136,8 @@ def test_runbroker_exits_with_an_error_when_a_child_keeps_failing(database_urls,
     env = {**base_env(tmp_path, database_urls["sqlite"]),
            "SMQP_TLS_CERT": str(tmp_path / "broken.pem"),
            "SMQP_TLS_KEY": str(tmp_path / "broken.pem"), "SMQP_QQP_TLS_PORT": str(ports[-1])}
-    args = [str(value) for pair in zip(names, ports, strict=False) for value in pair]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "runbroker", "--no-celery", *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(120),
-    )
+    args = [value for pair in zip(names, ports, strict=False) for value in pair]
+    result = _runbroker_until_it_exits(env, "--no-celery", *args, timeout=120)
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
     assert re.search(r"the broker stopped because \S+ exited with status 1, 5 times in 60 s",
                      result.stderr), result.stderr
