@@ -82,6 +82,8 @@ class _Restarts:
 
 
 WILDCARDS = {"", "0.0.0.0", "::"}
+# The doors the start-up line names after the admin's address, in that order, as it names them.
+LISTED = {"SMQP": "SMQP", "SMQPS": "SMQPS", "QQP": "QQP", "HTTPS": "HTTPS and wss://"}
 
 
 def _refuse_shared_ports(doors: list[tuple[str, str, int]]) -> None:
@@ -181,17 +183,12 @@ class Command(BaseCommand):
         try:
             for name in children:
                 start(name)
-            smqp = []
-            if settings.SMQP_PLAIN:
-                smqp.append(f"SMQP on {opts['smqp_host']}:{opts['smqp_port']}")
-            if settings.SMQP_TLS:
-                smqp.append(f"SMQPS on {opts['smqp_host']}:{opts['smqp_tls_port']}")
-            smqp.append(f"QQP on {opts['smqp_host']}:{opts['qqp_port']}")
-            if settings.SMQP_TLS:
-                smqp.append(f"HTTPS and wss:// on {opts['http_host']}:{opts['https_port']}")
+            served = {door: f"{host}:{port}" for door, host, port in doors}
+            listed = [f"{label} on {served[door]}" for door, label in LISTED.items()
+                      if door in served]
             self.stdout.write(
                 f"Broker running: admin at http://{opts['http_host']}:{opts['http_port']}/admin/,"
-                f" {', '.join(smqp)}. Ctrl-C stops."
+                f" {', '.join(listed)}. Ctrl-C stops."
             )
             if not settings.SMQP_TLS:
                 self.stdout.write(
