@@ -132,11 +132,11 @@ def test_runbroker_exits_with_an_error_when_a_child_keeps_failing(database_urls,
     non-zero, as a service manager must see a failed broker (it exited 0)."""
     (tmp_path / "broken.pem").write_text("not a certificate\n")
     names = ("--http-port", "--https-port", "--smqp-port", "--smqp-tls-port", "--qqp-port")
-    ports = free_ports(len(names) + 1)
+    *door_ports, qqps_port = ports = free_ports(len(names) + 1)
     env = {**base_env(tmp_path, database_urls["sqlite"]),
            "SMQP_TLS_CERT": str(tmp_path / "broken.pem"),
-           "SMQP_TLS_KEY": str(tmp_path / "broken.pem"), "SMQP_QQP_TLS_PORT": str(ports[-1])}
-    args = [value for pair in zip(names, ports, strict=False) for value in pair]
+           "SMQP_TLS_KEY": str(tmp_path / "broken.pem"), "SMQP_QQP_TLS_PORT": str(qqps_port)}
+    args = [value for pair in zip(names, door_ports, strict=True) for value in pair]
     result = _runbroker_until_it_exits(env, "--no-celery", *args, timeout=120)
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
     assert re.search(r"the broker stopped because \S+ exited with status 1, 5 times in 60 s",
